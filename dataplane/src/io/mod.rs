@@ -1,0 +1,134 @@
+//! The IO shell: one shard per usable CPU, each a glommio (io_uring) executor that owns its
+//! SO_REUSEPORT listener sockets, the allocations made on them, their relay sockets and a
+//! [`crate::proto::Engine`]. The config arrives as an arc-swap [`Snapshot`] that every shard
+//! reads through its own `arc_swap::Cache`; nothing is locked or shared per packet.
+
+mod shard;
+pub mod socket;
+
+use arc_swap::ArcSwap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use uturn_shared::snapshot::Snapshot;
+
+pub use shard::listener_sockets_on_shard;
+
+/// How to run the dataplane.
+#[derive(Clone)]
+pub struct DataplaneConfig {
+    /// Number of shards (executor threads). See [`usable_cpus`].
+    pub shards: usize,
+    /// `--udp-thread-num`: SO_REUSEPORT sockets per TURN-UDP listener (0 means one), spread
+    /// over the shards.
+    pub udp_thread_num: usize,
+    /// The running config, republished by the control thread.
+    pub snapshot: Arc<ArcSwap<Snapshot>>,
+    /// Secret for stateless nonces, shared by all shards.
+    pub nonce_key: [u8; 32],
+}
+
+/// The CPUs this process may use: `available_parallelism` (cgroup quota and affinity aware).
+pub fn usable_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Counters one shard publishes once per tick (single writer, read at scrape time).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub struct ShardStats {
+    /// Live allocations.
+    pub allocations: AtomicU64,
+    /// Allocations ever created.
+    pub allocations_created: AtomicU64,
+    /// Datagrams received on listener sockets.
+    pub listener_rx_packets: AtomicU64,
+    /// Datagrams dropped (malformed, no allocation, not admitted, …).
+    pub dropped: AtomicU64,
+    /// Datagrams dropped as malformed.
+    pub malformed: AtomicU64,
+    /// Datagrams relayed client → peer.
+    pub relayed_to_peer: AtomicU64,
+    /// Datagrams relayed peer → client.
+    pub relayed_to_client: AtomicU64,
+}
+
+/// A running dataplane: its shards and their published counters.
+pub struct Dataplane {
+    threads: Vec<glommio::ExecutorJoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<Vec<ShardStats>>,
+}
+
+impl Dataplane {
+    /// Starts `config.shards` shards. Listeners open on each shard's first tick.
+    pub fn start(config: DataplaneConfig) -> io::Result<Dataplane> {
+        let shards = config.shards.max(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats: Arc<Vec<ShardStats>> =
+            Arc::new((0..shards).map(|_| ShardStats::default()).collect());
+        let epoch = Instant::now();
+        let epoch_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut threads = Vec::with_capacity(shards);
+        for index in 0..shards {
+            let shard = shard::ShardSetup {
+                index,
+                shards,
+                udp_thread_num: config.udp_thread_num,
+                snapshot: config.snapshot.clone(),
+                engine: crate::proto::EngineConfig {
+                    epoch,
+                    epoch_unix,
+                    nonce_key: config.nonce_key,
+                },
+                stop: stop.clone(),
+                stats: stats.clone(),
+            };
+            let handle = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .name(&format!("uturn-shard-{index}"))
+                // glommio registers io_memory as fixed buffers on three rings; keep it well
+                // under RLIMIT_MEMLOCK/4 (8 MiB on most container runtimes).
+                .io_memory(512 << 10)
+                .spawn(move || shard::run(shard))
+                .map_err(|e| io::Error::other(format!("cannot start shard {index}: {e}")))?;
+            threads.push(handle);
+        }
+        Ok(Dataplane {
+            threads,
+            stop,
+            stats,
+        })
+    }
+
+    /// Live allocations over all shards.
+    pub fn allocation_count(&self) -> u64 {
+        self.stats
+            .iter()
+            .map(|s| s.allocations.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The published counters, one entry per shard.
+    pub fn shard_stats(&self) -> &[ShardStats] {
+        &self.stats
+    }
+
+    /// A shareable handle on the counters.
+    pub fn stats_handle(&self) -> Arc<Vec<ShardStats>> {
+        self.stats.clone()
+    }
+
+    /// Stops every shard (closing all sockets) and waits for them.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Socket construction: SO_REUSEPORT listener sockets on the dual-stack wildcard and relay
+//! sockets on the wildcard of one family, plus address canonicalisation for dual-stack sockets.
+
+use crate::proto::{Family, RelayRequest};
+use socket2::{Domain, Protocol, Socket, Type};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// Receive/send buffer size asked for on every socket (the kernel may clamp it).
+const SOCKET_BUFFER_BYTES: usize = 4 << 20;
+
+/// A bound, non-blocking UDP socket for a TURN-UDP listener on `port`: `[::]:port` dual-stack
+/// when the host has IPv6, else `0.0.0.0:port`; always SO_REUSEPORT so several shards share it.
+pub fn listener_socket(port: u16) -> io::Result<Socket> {
+    match bind_udp(
+        SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+        true,
+        Some(false),
+    ) {
+        Ok(socket) => Ok(socket),
+        Err(_) => bind_udp(
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+            true,
+            None,
+        ),
+    }
+}
+
+/// A relay socket as `request` asks: wildcard of its family, kernel-chosen port (even if asked),
+/// DF set for IPv4 when asked.
+pub fn relay_socket(request: &RelayRequest) -> io::Result<(Socket, u16)> {
+    let wildcard = match request.family {
+        Family::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        Family::V6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    // EVEN-PORT: keep trying ephemeral ports until the kernel hands out an even one.
+    for _ in 0..32 {
+        let socket = bind_udp(SocketAddr::new(wildcard, 0), false, Some(true))?;
+        let port = socket
+            .local_addr()?
+            .as_socket()
+            .map(|a| a.port())
+            .unwrap_or(0);
+        if request.even_port && port % 2 == 1 {
+            continue;
+        }
+        if request.dont_fragment && request.family == Family::V4 {
+            set_dont_fragment(&socket)?;
+        }
+        return Ok((socket, port));
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrInUse,
+        "no even relay port found in 32 tries",
+    ))
+}
+
+fn bind_udp(addr: SocketAddr, reuse_port: bool, v6_only: Option<bool>) -> io::Result<Socket> {
+    let domain = if addr.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let socket = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        if let Some(only) = v6_only {
+            socket.set_only_v6(only)?;
+        }
+    }
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    // Best effort: a small rmem_max only means more drops under bursts.
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
+fn set_dont_fragment(socket: &Socket) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let value: libc::c_int = libc::IP_PMTUDISC_DO;
+    // SAFETY: a valid fd and a c_int option value of the right size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            &value as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The address as a client sees it: IPv4-mapped IPv6 (from a dual-stack socket) becomes IPv4.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => addr,
+        },
+        v4 => v4,
+    }
+}
+
+/// The destination to pass to a socket bound on `local`: IPv4 becomes IPv4-mapped on IPv6
+/// sockets.
+pub fn for_socket(local: SocketAddr, dest: SocketAddr) -> SocketAddr {
+    match (local, dest) {
+        (SocketAddr::V6(_), SocketAddr::V4(v4)) => {
+            SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
+        }
+        _ => dest,
+    }
+}

@@ -1,0 +1,1109 @@
+//! The sans-IO TURN engine (RFC 8656 over RFC 8489 message parsing from `stun-proto`).
+//!
+//! One [`Engine`] per shard. It never opens a socket or reads a clock: every call takes `now`
+//! and the current [`Snapshot`], and returns what the IO shell must do.
+//!
+//! Call order, for the shell:
+//! 1. A datagram from a client on a listener socket → [`Engine::handle_client`]. On
+//!    [`ClientAction::AllocateRelay`] bind a relay socket as asked and call
+//!    [`Engine::complete_allocate`] at once with the result; send its reply.
+//! 2. A datagram from a peer on relay socket `r`, read into `buf[PEER_HEADROOM..]` →
+//!    [`Engine::handle_peer`].
+//! 3. When [`Engine::poll_timeout`] passes, call [`Engine::handle_timeout`].
+//! 4. After any call, drain [`Engine::poll_close`] and close those relay sockets.
+
+mod nonce;
+mod wire;
+
+pub use nonce::{NonceCheck, NonceIssuer, NONCE_LIFETIME_SECS};
+
+use foldhash::fast::RandomState;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+use std::time::{Duration, Instant};
+use stun_proto::types::attribute::{
+    Attribute, AttributeStaticType, MessageIntegrity, MessageIntegritySha256, Nonce, Realm,
+    Username,
+};
+use stun_proto::types::message::{
+    IntegrityAlgorithm, IntegrityKey, LongTermKeyCredentials, Message, MessageClass, TransactionId,
+    BINDING,
+};
+use turn_types::attribute::{
+    ChannelNumber, Data, DontFragment, EvenPort, Lifetime, RequestedAddressFamily,
+    RequestedTransport, ReservationToken, XorPeerAddress,
+};
+use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, REFRESH, SEND};
+use turn_types::AddressFamily;
+use uturn_shared::snapshot::{canonical_ip, ClusterId, ListenerSpec, Snapshot};
+use wire::{ErrorReply, ResponseWriter};
+
+/// Allocation lifetime when none (or 3600 s or more) is requested, as pion/stunnerd.
+pub const DEFAULT_ALLOCATION_LIFETIME: Duration = Duration::from_secs(600);
+/// Requested lifetimes at or above this fall back to the default (pion's rule).
+pub const MAX_REQUESTED_LIFETIME_SECS: u32 = 3600;
+/// Permission lifetime (RFC 8656 §9).
+pub const PERMISSION_LIFETIME: Duration = Duration::from_secs(300);
+/// Channel binding lifetime (RFC 8656 §12).
+pub const CHANNEL_LIFETIME: Duration = Duration::from_secs(600);
+/// How often [`Engine::handle_timeout`] sweeps for expired state.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// Bytes the shell leaves free in front of a peer datagram, so ChannelData can be framed in place.
+pub const PEER_HEADROOM: usize = 4;
+/// Most permissions one allocation may hold (more gets 508).
+pub const MAX_PERMISSIONS_PER_ALLOCATION: usize = 256;
+
+/// IANA protocol number of UDP in REQUESTED-TRANSPORT.
+const TRANSPORT_UDP: u8 = 17;
+
+/// The shell's handle for a running listener, stable across reconciles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ListenerId(pub u32);
+
+/// The engine's handle for an allocation and its relay socket (an index the shell mirrors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RelayId(pub u32);
+
+/// A listener as the engine sees it on each call.
+#[derive(Debug, Clone, Copy)]
+pub struct ListenerRef<'a> {
+    /// The shell's id for it.
+    pub id: ListenerId,
+    /// Its spec in the running snapshot.
+    pub spec: &'a ListenerSpec,
+}
+
+/// What the shell must do with a datagram a client sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientAction {
+    /// Nothing to send; the datagram was consumed or dropped for `reason`.
+    Drop(DropReason),
+    /// Send `out[..len]` back to the client from the listener socket.
+    Reply(usize),
+    /// Send `data[payload]` to `peer` from relay socket `relay`.
+    Relay {
+        /// Relay socket to send from.
+        relay: RelayId,
+        /// Peer address.
+        peer: SocketAddr,
+        /// Payload, a range of the input datagram.
+        payload: Range<usize>,
+    },
+    /// Bind a relay socket as described, then call [`Engine::complete_allocate`].
+    AllocateRelay(RelayRequest),
+}
+
+/// A request for a relay socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayRequest {
+    /// The slot the socket belongs to.
+    pub relay: RelayId,
+    /// Address family to bind (the wildcard of that family).
+    pub family: Family,
+    /// RFC 8656 EVEN-PORT: the port must be even.
+    pub even_port: bool,
+    /// RFC 8656 DONT-FRAGMENT: set DF on relayed IPv4 datagrams.
+    pub dont_fragment: bool,
+}
+
+/// An IP address family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// IPv4.
+    V4,
+    /// IPv6.
+    V6,
+}
+
+impl Family {
+    fn of(ip: IpAddr) -> Family {
+        match canonical_ip(ip) {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+}
+
+/// What the shell must do with a datagram a peer sent to a relay socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerAction {
+    /// Dropped for `reason`.
+    Drop(DropReason),
+    /// Send to `client` from listener `listener`: `buf[range]` (ChannelData framed in place)
+    /// or `out[..len]` (a Data indication).
+    ToClient {
+        /// Listener whose socket sends.
+        listener: ListenerId,
+        /// Client address.
+        client: SocketAddr,
+        /// Where the bytes are.
+        bytes: Bytes,
+    },
+}
+
+/// Where outgoing bytes lie.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bytes {
+    /// A range of the caller's input buffer.
+    Input(Range<usize>),
+    /// The first `n` bytes of the caller's output buffer.
+    Output(usize),
+}
+
+/// Why a datagram produced nothing. Every reason is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// Not a STUN message or ChannelData, or a malformed one.
+    Malformed,
+    /// A STUN response or unhandled method/class, ignored.
+    Unhandled,
+    /// Indication or ChannelData on a 5-tuple with no allocation.
+    NoAllocation,
+    /// ChannelData on an unbound (or expired) channel.
+    NoChannel,
+    /// Send indication or peer datagram without a permission.
+    NoPermission,
+    /// The peer address is not in a routed cluster (IP and port).
+    NotAdmitted,
+    /// The output buffer was too small (our bug).
+    Internal,
+}
+
+impl DropReason {
+    /// Every reason, for counters.
+    pub const ALL: [DropReason; 7] = [
+        DropReason::Malformed,
+        DropReason::Unhandled,
+        DropReason::NoAllocation,
+        DropReason::NoChannel,
+        DropReason::NoPermission,
+        DropReason::NotAdmitted,
+        DropReason::Internal,
+    ];
+
+    /// Stable index into counter arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Name for logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::Malformed => "malformed",
+            DropReason::Unhandled => "unhandled",
+            DropReason::NoAllocation => "no_allocation",
+            DropReason::NoChannel => "no_channel",
+            DropReason::NoPermission => "no_permission",
+            DropReason::NotAdmitted => "not_admitted",
+            DropReason::Internal => "internal",
+        }
+    }
+}
+
+/// Engine construction parameters.
+#[derive(Clone)]
+pub struct EngineConfig {
+    /// An instant and the unix time (seconds) it corresponds to: the engine derives wall-clock
+    /// time (ephemeral credentials, nonces) from the `now` it is given.
+    pub epoch: Instant,
+    /// Unix seconds at `epoch`.
+    pub epoch_unix: u64,
+    /// Secret for stateless nonces; share it between shards so any shard accepts them.
+    pub nonce_key: [u8; 32],
+}
+
+/// Per-shard counters, plain integers (the shard owns them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Datagrams dropped, by [`DropReason::index`].
+    pub dropped: [u64; 7],
+    /// Allocations ever created.
+    pub allocations_created: u64,
+    /// Allocations that expired or were deleted.
+    pub allocations_deleted: u64,
+    /// Error responses sent, by class: 400, 401, 403, 437, 438, 4xx other, 5xx.
+    pub auth_failures: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ClientKey {
+    listener: ListenerId,
+    client: SocketAddr,
+}
+
+struct Permission {
+    ip: IpAddr,
+    expires_at: Instant,
+}
+
+struct Channel {
+    number: u16,
+    peer: SocketAddr,
+    expires_at: Instant,
+    /// Admission verdict for `peer` and the snapshot generation it was made under.
+    verdict: Option<(u64, Option<ClusterId>)>,
+}
+
+struct Allocation {
+    key: ClientKey,
+    listener_name: String,
+    family: Family,
+    username: String,
+    expires_at: Instant,
+    allocate_txid: TransactionId,
+    allocate_response: Vec<u8>,
+    permissions: Vec<Permission>,
+    channels: Vec<Channel>,
+}
+
+struct PendingAllocate {
+    relay: RelayId,
+    key: ClientKey,
+    listener_name: String,
+    advertised_ip: IpAddr,
+    family: Family,
+    username: String,
+    integrity: IntegrityKey,
+    lifetime: Duration,
+    txid: TransactionId,
+}
+
+/// An authenticated request: who sent it and the key its response is signed with.
+struct Authed {
+    username: String,
+    integrity: IntegrityKey,
+}
+
+/// The TURN state machine of one shard.
+pub struct Engine {
+    config: EngineConfig,
+    nonces: NonceIssuer,
+    slots: Vec<Option<Allocation>>,
+    free_slots: Vec<u32>,
+    by_client: HashMap<ClientKey, u32, RandomState>,
+    pending: Option<PendingAllocate>,
+    closes: Vec<RelayId>,
+    next_sweep: Option<Instant>,
+    indication_counter: u64,
+    stats: EngineStats,
+}
+
+impl Engine {
+    /// A new engine with no allocations.
+    pub fn new(config: EngineConfig) -> Engine {
+        Engine {
+            nonces: NonceIssuer::new(config.nonce_key),
+            config,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            by_client: HashMap::with_hasher(RandomState::default()),
+            pending: None,
+            closes: Vec::new(),
+            next_sweep: None,
+            indication_counter: 0,
+            stats: EngineStats::default(),
+        }
+    }
+
+    /// Live allocations on this shard.
+    pub fn allocation_count(&self) -> usize {
+        self.by_client.len()
+    }
+
+    /// The counters of this shard.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    fn unix_now(&self, now: Instant) -> u64 {
+        self.config.epoch_unix + now.saturating_duration_since(self.config.epoch).as_secs()
+    }
+
+    fn dropped(&mut self, reason: DropReason) -> DropReason {
+        self.stats.dropped[reason.index()] += 1;
+        reason
+    }
+
+    /// Handles one datagram a client sent to `listener` from `from`, writing any reply into
+    /// `out` (at least 1500 bytes).
+    pub fn handle_client(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        listener: ListenerRef<'_>,
+        from: SocketAddr,
+        data: &[u8],
+        out: &mut [u8],
+    ) -> ClientAction {
+        // RFC 8656 §12.4: ChannelData starts with 0b01; STUN messages start with 0b00.
+        match data.first().map(|b| b >> 6) {
+            Some(0b01) => self.handle_channel_data(now, snap, listener.id, from, data),
+            Some(0b00) => match Message::from_bytes(data) {
+                Ok(msg) => self.handle_stun(now, snap, listener, from, &msg, out),
+                Err(_) => ClientAction::Drop(self.dropped(DropReason::Malformed)),
+            },
+            _ => ClientAction::Drop(self.dropped(DropReason::Malformed)),
+        }
+    }
+
+    fn handle_channel_data(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        listener: ListenerId,
+        from: SocketAddr,
+        data: &[u8],
+    ) -> ClientAction {
+        if data.len() < 4 {
+            return ClientAction::Drop(self.dropped(DropReason::Malformed));
+        }
+        let number = u16::from_be_bytes([data[0], data[1]]);
+        let length = usize::from(u16::from_be_bytes([data[2], data[3]]));
+        // RFC 8656 §12.5: over UDP the datagram may carry padding after `length` bytes.
+        if !(0x4000..=0x4FFF).contains(&number) || 4 + length > data.len() {
+            return ClientAction::Drop(self.dropped(DropReason::Malformed));
+        }
+        let key = ClientKey {
+            listener,
+            client: from,
+        };
+        let Some(&slot) = self.by_client.get(&key) else {
+            return ClientAction::Drop(self.dropped(DropReason::NoAllocation));
+        };
+        let Some(alloc) = self.slots[slot as usize].as_mut() else {
+            return ClientAction::Drop(self.dropped(DropReason::Internal));
+        };
+        let Some(channel) = alloc
+            .channels
+            .iter_mut()
+            .find(|c| c.number == number && c.expires_at > now)
+        else {
+            return ClientAction::Drop(self.dropped(DropReason::NoChannel));
+        };
+        let peer = channel.peer;
+        if admitted(snap, &alloc.listener_name, channel).is_none() {
+            return ClientAction::Drop(self.dropped(DropReason::NotAdmitted));
+        }
+        ClientAction::Relay {
+            relay: RelayId(slot),
+            peer,
+            payload: 4..4 + length,
+        }
+    }
+
+    fn handle_stun(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        listener: ListenerRef<'_>,
+        from: SocketAddr,
+        msg: &Message<'_>,
+        out: &mut [u8],
+    ) -> ClientAction {
+        let class = msg.class();
+        let method = msg.method();
+        if class == MessageClass::Indication {
+            if method == SEND {
+                return self.handle_send(now, snap, listener.id, from, msg);
+            }
+            // Binding indications are keepalives; nothing to answer.
+            return ClientAction::Drop(self.dropped(DropReason::Unhandled));
+        }
+        if class != MessageClass::Request {
+            return ClientAction::Drop(self.dropped(DropReason::Unhandled));
+        }
+        if method == BINDING {
+            // RFC 8489 §6.3.1 / stunnerd: Binding is answered without authentication.
+            return match wire::binding_success(msg, from, out) {
+                Some(n) => ClientAction::Reply(n),
+                None => ClientAction::Drop(self.dropped(DropReason::Internal)),
+            };
+        }
+        if ![ALLOCATE, REFRESH, CREATE_PERMISSION, CHANNEL_BIND].contains(&method) {
+            // Unknown requests (and RFC 6062 Connect on UDP) get 400, never silence that could
+            // be mistaken for loss.
+            return self.reply_error(msg, ErrorReply::new(400, "Bad Request"), None, out);
+        }
+        // RFC 8489 §6.3.1: unknown comprehension-required attributes → 420.
+        let unknown = wire::unknown_required_attributes(msg);
+        if !unknown.is_empty() {
+            return self.reply_error(msg, ErrorReply::unknown_attributes(unknown), None, out);
+        }
+        let key = ClientKey {
+            listener: listener.id,
+            client: from,
+        };
+        // RFC 8656 §7.2: a retransmitted Allocate is answered from the cached response, so
+        // a lost success does not turn into 437.
+        if method == ALLOCATE {
+            if let Some(alloc) = self
+                .by_client
+                .get(&key)
+                .and_then(|&s| self.slots[s as usize].as_ref())
+            {
+                if alloc.allocate_txid == msg.transaction_id()
+                    && alloc.allocate_response.len() <= out.len()
+                {
+                    let n = alloc.allocate_response.len();
+                    out[..n].copy_from_slice(&alloc.allocate_response);
+                    return ClientAction::Reply(n);
+                }
+            }
+        }
+        let authed = match self.authenticate(now, snap, from, msg) {
+            Ok(authed) => authed,
+            Err(reply) => return self.reply_error(msg, reply, None, out),
+        };
+        let existing = self.by_client.get(&key).copied();
+        if method == ALLOCATE {
+            if existing.is_some() {
+                // RFC 8656 §7.2 step 2: 5-tuple already in use.
+                return self.reply_error(
+                    msg,
+                    ErrorReply::new(437, "Allocation Mismatch"),
+                    Some(&authed.integrity),
+                    out,
+                );
+            }
+            return self.handle_allocate(listener, key, authed, msg, out);
+        }
+        // RFC 8656 §7.3, §9.2, §11.2: no allocation on this 5-tuple → 437.
+        let Some(slot) = existing else {
+            return self.reply_error(
+                msg,
+                ErrorReply::new(437, "Allocation Mismatch"),
+                Some(&authed.integrity),
+                out,
+            );
+        };
+        // RFC 8656 §5: requests on an allocation must use the credentials that created it.
+        if self.slots[slot as usize]
+            .as_ref()
+            .is_none_or(|a| a.username != authed.username)
+        {
+            return self.reply_error(msg, ErrorReply::new(441, "Wrong Credentials"), None, out);
+        }
+        let result = match method {
+            REFRESH => self.handle_refresh(now, slot, msg),
+            CREATE_PERMISSION => self.handle_create_permission(now, snap, slot, msg),
+            _ => self.handle_channel_bind(now, snap, slot, msg),
+        };
+        match result {
+            Ok(lifetime) => {
+                let mut w = ResponseWriter::success(msg, out);
+                if let Some(seconds) = lifetime {
+                    w.add(&Lifetime::new(seconds));
+                }
+                match w.finish(Some(&authed.integrity)) {
+                    Some(n) => ClientAction::Reply(n),
+                    None => ClientAction::Drop(self.dropped(DropReason::Internal)),
+                }
+            }
+            Err(reply) => self.reply_error(msg, reply, Some(&authed.integrity), out),
+        }
+    }
+
+    fn reply_error(
+        &mut self,
+        msg: &Message<'_>,
+        reply: ErrorReply,
+        integrity: Option<&IntegrityKey>,
+        out: &mut [u8],
+    ) -> ClientAction {
+        if matches!(reply.code, 401 | 438) {
+            self.stats.auth_failures += 1;
+        }
+        match wire::error_response(msg, &reply, integrity, out) {
+            Some(n) => ClientAction::Reply(n),
+            None => ClientAction::Drop(self.dropped(DropReason::Internal)),
+        }
+    }
+
+    fn challenge(&self, now: Instant, snap: &Snapshot, from: SocketAddr, code: u16) -> ErrorReply {
+        let nonce = self.nonces.issue(self.unix_now(now), from);
+        let reason = if code == 438 {
+            "Stale Nonce"
+        } else {
+            "Unauthorized"
+        };
+        ErrorReply::new(code, reason).with_challenge(snap.auth.realm(), &nonce)
+    }
+
+    /// RFC 8489 §9.2.4: long-term credential checks, in the RFC's order.
+    fn authenticate(
+        &self,
+        now: Instant,
+        snap: &Snapshot,
+        from: SocketAddr,
+        msg: &Message<'_>,
+    ) -> Result<Authed, ErrorReply> {
+        if !msg.has_attribute(MessageIntegrity::TYPE)
+            && !msg.has_attribute(MessageIntegritySha256::TYPE)
+        {
+            return Err(self.challenge(now, snap, from, 401));
+        }
+        let (Ok(username), Ok(_realm), Ok(nonce)) = (
+            msg.attribute::<Username>(),
+            msg.attribute::<Realm>(),
+            msg.attribute::<Nonce>(),
+        ) else {
+            return Err(ErrorReply::new(400, "Bad Request"));
+        };
+        let unix_now = self.unix_now(now);
+        if self.nonces.check(nonce.nonce(), unix_now, from) == NonceCheck::Stale {
+            return Err(self.challenge(now, snap, from, 438));
+        }
+        let credentials = match snap.auth.credentials(username.username(), unix_now) {
+            Ok(c) => c,
+            // auth type none: TURN is off; 400 so that clients do not retry (as stunnerd).
+            Err(uturn_shared::auth::AuthError::TurnDisabled) => {
+                return Err(ErrorReply::new(400, "Bad Request"))
+            }
+            Err(_) => return Err(self.challenge(now, snap, from, 401)),
+        };
+        let integrity = LongTermKeyCredentials::new(
+            username.username().to_owned(),
+            credentials.password,
+            snap.auth.realm().to_owned(),
+        )
+        .make_key(IntegrityAlgorithm::Sha1);
+        if msg.validate_integrity_with_key(&integrity).is_err() {
+            return Err(self.challenge(now, snap, from, 401));
+        }
+        Ok(Authed {
+            username: username.username().to_owned(),
+            integrity,
+        })
+    }
+
+    fn handle_allocate(
+        &mut self,
+        listener: ListenerRef<'_>,
+        key: ClientKey,
+        authed: Authed,
+        msg: &Message<'_>,
+        out: &mut [u8],
+    ) -> ClientAction {
+        let integrity = Some(&authed.integrity);
+        // RFC 8656 §7.2 step 3: REQUESTED-TRANSPORT is required; only UDP relaying here.
+        let Ok(transport) = msg.attribute::<RequestedTransport>() else {
+            return self.reply_error(msg, ErrorReply::new(400, "Bad Request"), integrity, out);
+        };
+        if transport.protocol() != TRANSPORT_UDP {
+            return self.reply_error(
+                msg,
+                ErrorReply::new(442, "Unsupported Transport Protocol"),
+                integrity,
+                out,
+            );
+        }
+        let has_even_port = msg.has_attribute(EvenPort::TYPE);
+        let has_token = msg.has_attribute(ReservationToken::TYPE);
+        let has_family = msg.has_attribute(RequestedAddressFamily::TYPE);
+        // RFC 8656 §7.2 step 5/6: RESERVATION-TOKEN excludes EVEN-PORT and
+        // REQUESTED-ADDRESS-FAMILY.
+        if has_token && (has_even_port || has_family) {
+            return self.reply_error(msg, ErrorReply::new(400, "Bad Request"), integrity, out);
+        }
+        if has_token {
+            // We never hand out reservations, so no token can be valid.
+            return self.reply_error(
+                msg,
+                ErrorReply::new(508, "Insufficient Capacity"),
+                integrity,
+                out,
+            );
+        }
+        let even_port = match msg.attribute::<EvenPort>() {
+            // We do not reserve the next port; a request for one cannot be met.
+            Ok(even) if even.requested() => {
+                return self.reply_error(
+                    msg,
+                    ErrorReply::new(508, "Insufficient Capacity"),
+                    integrity,
+                    out,
+                )
+            }
+            Ok(_) => true,
+            Err(_) if has_even_port => {
+                return self.reply_error(msg, ErrorReply::new(400, "Bad Request"), integrity, out)
+            }
+            Err(_) => false,
+        };
+        let advertised_ip = listener.spec.advertised_ip;
+        let listener_family = Family::of(advertised_ip);
+        let family = match msg.attribute::<RequestedAddressFamily>() {
+            Ok(requested) if requested.family() == AddressFamily::IPV4 => Family::V4,
+            Ok(_) => Family::V6,
+            Err(_) if has_family => {
+                return self.reply_error(
+                    msg,
+                    ErrorReply::new(440, "Address Family not Supported"),
+                    integrity,
+                    out,
+                )
+            }
+            Err(_) => listener_family,
+        };
+        if family != listener_family {
+            // The advertised relay address is the listener's; it cannot be of another family.
+            return self.reply_error(
+                msg,
+                ErrorReply::new(440, "Address Family not Supported"),
+                integrity,
+                out,
+            );
+        }
+        let lifetime = requested_lifetime(msg).unwrap_or(DEFAULT_ALLOCATION_LIFETIME);
+        let lifetime = if lifetime.is_zero() {
+            DEFAULT_ALLOCATION_LIFETIME
+        } else {
+            lifetime
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(None);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.pending = Some(PendingAllocate {
+            relay: RelayId(slot),
+            key,
+            listener_name: listener.spec.name.clone(),
+            advertised_ip,
+            family,
+            username: authed.username,
+            integrity: authed.integrity,
+            lifetime,
+            txid: msg.transaction_id(),
+        });
+        ClientAction::AllocateRelay(RelayRequest {
+            relay: RelayId(slot),
+            family,
+            even_port,
+            dont_fragment: msg.has_attribute(DontFragment::TYPE),
+        })
+    }
+
+    /// Completes the Allocate that asked for `relay`: `bound_port` is the relay socket's port,
+    /// or `Err` if it could not be bound. Returns the length of the reply written to `out`.
+    pub fn complete_allocate(
+        &mut self,
+        now: Instant,
+        relay: RelayId,
+        bound_port: Result<u16, ()>,
+        out: &mut [u8],
+    ) -> Option<usize> {
+        let pending = self.pending.take().filter(|p| p.relay == relay)?;
+        let port = match bound_port {
+            Ok(port) => port,
+            Err(()) => {
+                self.free_slots.push(relay.0);
+                return wire::error_response_raw(
+                    ALLOCATE,
+                    pending.txid,
+                    &ErrorReply::new(508, "Insufficient Capacity"),
+                    Some(&pending.integrity),
+                    out,
+                );
+            }
+        };
+        let relay_addr = SocketAddr::new(pending.advertised_ip, port);
+        let n = wire::allocate_success(
+            pending.txid,
+            relay_addr,
+            pending.key.client,
+            pending.lifetime.as_secs() as u32,
+            &pending.integrity,
+            out,
+        )?;
+        self.slots[relay.0 as usize] = Some(Allocation {
+            key: pending.key,
+            listener_name: pending.listener_name,
+            family: pending.family,
+            username: pending.username,
+            expires_at: now + pending.lifetime,
+            allocate_txid: pending.txid,
+            allocate_response: out[..n].to_vec(),
+            permissions: Vec::new(),
+            channels: Vec::new(),
+        });
+        self.by_client.insert(pending.key, relay.0);
+        self.stats.allocations_created += 1;
+        self.next_sweep.get_or_insert(now + SWEEP_INTERVAL);
+        Some(n)
+    }
+
+    fn handle_refresh(
+        &mut self,
+        now: Instant,
+        slot: u32,
+        msg: &Message<'_>,
+    ) -> Result<Option<u32>, ErrorReply> {
+        let Some(alloc) = self.slots[slot as usize].as_mut() else {
+            return Err(ErrorReply::new(437, "Allocation Mismatch"));
+        };
+        // RFC 8656 §7.3: a REQUESTED-ADDRESS-FAMILY that differs from the allocation's → 443.
+        if let Ok(requested) = msg.attribute::<RequestedAddressFamily>() {
+            let family = if requested.family() == AddressFamily::IPV4 {
+                Family::V4
+            } else {
+                Family::V6
+            };
+            if family != alloc.family {
+                return Err(ErrorReply::new(443, "Peer Address Family Mismatch"));
+            }
+        }
+        match requested_lifetime(msg) {
+            Some(lifetime) if lifetime.is_zero() => {
+                // RFC 8656 §7.3: LIFETIME 0 deletes the allocation.
+                self.delete_allocation(slot);
+                Ok(Some(0))
+            }
+            requested => {
+                let lifetime = requested.unwrap_or(DEFAULT_ALLOCATION_LIFETIME);
+                alloc.expires_at = now + lifetime;
+                Ok(Some(lifetime.as_secs() as u32))
+            }
+        }
+    }
+
+    fn handle_create_permission(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        slot: u32,
+        msg: &Message<'_>,
+    ) -> Result<Option<u32>, ErrorReply> {
+        let Some(alloc) = self.slots[slot as usize].as_mut() else {
+            return Err(ErrorReply::new(437, "Allocation Mismatch"));
+        };
+        let txid = msg.transaction_id();
+        let mut peers: Vec<IpAddr> = Vec::new();
+        for n in 0.. {
+            match msg.nth_attribute::<XorPeerAddress>(n) {
+                Ok(peer) => peers.push(peer.addr(txid).ip()),
+                Err(_) if msg.nth_raw_attribute(XorPeerAddress::TYPE, n).is_some() => {
+                    return Err(ErrorReply::new(400, "Bad Request"))
+                }
+                Err(_) => break,
+            }
+        }
+        // RFC 8656 §9.2: at least one XOR-PEER-ADDRESS.
+        if peers.is_empty() {
+            return Err(ErrorReply::new(400, "Bad Request"));
+        }
+        let route = snap.route(&alloc.listener_name);
+        for &ip in &peers {
+            if Family::of(ip) != alloc.family {
+                return Err(ErrorReply::new(443, "Peer Address Family Mismatch"));
+            }
+            // stunnerd: the peer IP must lie in a cluster routed from the listener; the RFC's
+            // answer for a policy denial is 403. Any denied peer fails the whole request.
+            if !route.is_some_and(|r| snap.permits_ip(r, ip)) {
+                tracing::info!(
+                    target: "auth",
+                    "permission denied on listener {:?} for client \"{}\" to peer {}: no route to endpoint",
+                    alloc.listener_name,
+                    alloc.key.client,
+                    ip
+                );
+                return Err(ErrorReply::new(403, "Forbidden"));
+            }
+        }
+        for ip in peers {
+            install_permission(alloc, ip, now)?;
+        }
+        Ok(None)
+    }
+
+    fn handle_channel_bind(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        slot: u32,
+        msg: &Message<'_>,
+    ) -> Result<Option<u32>, ErrorReply> {
+        let Some(alloc) = self.slots[slot as usize].as_mut() else {
+            return Err(ErrorReply::new(437, "Allocation Mismatch"));
+        };
+        let (Ok(number), Ok(peer)) = (
+            msg.attribute::<ChannelNumber>(),
+            msg.attribute::<XorPeerAddress>(),
+        ) else {
+            return Err(ErrorReply::new(400, "Bad Request"));
+        };
+        let number = number.channel();
+        let peer = peer.addr(msg.transaction_id());
+        let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
+        // RFC 8656 §11.2: channel numbers 0x4000 through 0x4FFF.
+        if !(0x4000..=0x4FFF).contains(&number) {
+            return Err(ErrorReply::new(400, "Bad Request"));
+        }
+        if Family::of(peer.ip()) != alloc.family {
+            return Err(ErrorReply::new(443, "Peer Address Family Mismatch"));
+        }
+        // RFC 8656 §11.2: the number may not be bound to another peer, nor the peer to
+        // another number.
+        if alloc
+            .channels
+            .iter()
+            .any(|c| c.expires_at > now && ((c.number == number) != (c.peer == peer)))
+        {
+            return Err(ErrorReply::new(400, "Bad Request"));
+        }
+        let route = snap.route(&alloc.listener_name);
+        if !route.is_some_and(|r| snap.permits_ip(r, peer.ip())) {
+            tracing::info!(
+                target: "auth",
+                "permission denied on listener {:?} for client \"{}\" to peer {}: no route to endpoint",
+                alloc.listener_name,
+                alloc.key.client,
+                peer.ip()
+            );
+            return Err(ErrorReply::new(403, "Forbidden"));
+        }
+        install_permission(alloc, peer.ip(), now)?;
+        match alloc.channels.iter_mut().find(|c| c.number == number) {
+            Some(channel) => {
+                channel.peer = peer;
+                channel.expires_at = now + CHANNEL_LIFETIME;
+            }
+            None => alloc.channels.push(Channel {
+                number,
+                peer,
+                expires_at: now + CHANNEL_LIFETIME,
+                verdict: None,
+            }),
+        }
+        Ok(None)
+    }
+
+    fn handle_send(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        listener: ListenerId,
+        from: SocketAddr,
+        msg: &Message<'_>,
+    ) -> ClientAction {
+        let key = ClientKey {
+            listener,
+            client: from,
+        };
+        let Some(&slot) = self.by_client.get(&key) else {
+            return ClientAction::Drop(self.dropped(DropReason::NoAllocation));
+        };
+        let Some(alloc) = self.slots[slot as usize].as_ref() else {
+            return ClientAction::Drop(self.dropped(DropReason::Internal));
+        };
+        let (Ok(peer), Some((offset, data))) = (
+            msg.attribute::<XorPeerAddress>(),
+            msg.raw_attribute_and_offset(Data::TYPE),
+        ) else {
+            return ClientAction::Drop(self.dropped(DropReason::Malformed));
+        };
+        let peer = peer.addr(msg.transaction_id());
+        let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
+        // RFC 8656 §10.2: relayed only with a permission for the peer's IP.
+        if !has_permission(alloc, peer.ip(), now) {
+            return ClientAction::Drop(self.dropped(DropReason::NoPermission));
+        }
+        if snap
+            .route(&alloc.listener_name)
+            .and_then(|r| snap.admits(r, peer))
+            .is_none()
+        {
+            return ClientAction::Drop(self.dropped(DropReason::NotAdmitted));
+        }
+        let start = offset + 4;
+        ClientAction::Relay {
+            relay: RelayId(slot),
+            peer,
+            payload: start..start + data.length() as usize,
+        }
+    }
+
+    /// Handles a datagram from `peer` on relay socket `relay`. The payload is
+    /// `buf[PEER_HEADROOM..PEER_HEADROOM + len]`; the first `PEER_HEADROOM` bytes are free.
+    pub fn handle_peer(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        relay: RelayId,
+        peer: SocketAddr,
+        buf: &mut [u8],
+        len: usize,
+        out: &mut [u8],
+    ) -> PeerAction {
+        let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
+        let Some(alloc) = self
+            .slots
+            .get_mut(relay.0 as usize)
+            .and_then(|s| s.as_mut())
+        else {
+            return PeerAction::Drop(self.dropped(DropReason::NoAllocation));
+        };
+        let listener = alloc.key.listener;
+        let client = alloc.key.client;
+        if len > usize::from(u16::MAX) || buf.len() < PEER_HEADROOM + len {
+            return PeerAction::Drop(self.dropped(DropReason::Malformed));
+        }
+        if let Some(channel) = alloc
+            .channels
+            .iter_mut()
+            .find(|c| c.peer == peer && c.expires_at > now)
+        {
+            if admitted(snap, &alloc.listener_name, channel).is_none() {
+                return PeerAction::Drop(self.dropped(DropReason::NotAdmitted));
+            }
+            // RFC 8656 §12.5: channel number, then length, then the payload.
+            buf[..2].copy_from_slice(&channel.number.to_be_bytes());
+            buf[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+            return PeerAction::ToClient {
+                listener,
+                client,
+                bytes: Bytes::Input(0..PEER_HEADROOM + len),
+            };
+        }
+        // RFC 8656 §10.3: without a channel, a permission is needed, and a Data indication
+        // carries the datagram.
+        if !has_permission(alloc, peer.ip(), now) {
+            return PeerAction::Drop(self.dropped(DropReason::NoPermission));
+        }
+        if snap
+            .route(&alloc.listener_name)
+            .and_then(|r| snap.admits(r, peer))
+            .is_none()
+        {
+            return PeerAction::Drop(self.dropped(DropReason::NotAdmitted));
+        }
+        self.indication_counter += 1;
+        let txid = indication_txid(&self.config.nonce_key, self.indication_counter);
+        match wire::data_indication(txid, peer, &buf[PEER_HEADROOM..PEER_HEADROOM + len], out) {
+            Some(n) => PeerAction::ToClient {
+                listener,
+                client,
+                bytes: Bytes::Output(n),
+            },
+            None => PeerAction::Drop(self.dropped(DropReason::Internal)),
+        }
+    }
+
+    /// When [`Engine::handle_timeout`] should next run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.next_sweep
+    }
+
+    /// Expires allocations, permissions and channels whose time has passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let expired: Vec<u32> = self
+            .by_client
+            .values()
+            .copied()
+            .filter(|&s| {
+                self.slots[s as usize]
+                    .as_ref()
+                    .is_none_or(|a| a.expires_at <= now)
+            })
+            .collect();
+        for slot in expired {
+            self.delete_allocation(slot);
+        }
+        for alloc in self.slots.iter_mut().flatten() {
+            alloc.permissions.retain(|p| p.expires_at > now);
+            alloc.channels.retain(|c| c.expires_at > now);
+        }
+        self.next_sweep = if self.by_client.is_empty() {
+            None
+        } else {
+            Some(now + SWEEP_INTERVAL)
+        };
+    }
+
+    /// Drops every allocation made on `listener` (it was closed or restarted).
+    pub fn close_listener(&mut self, listener: ListenerId) {
+        let slots: Vec<u32> = self
+            .by_client
+            .iter()
+            .filter(|(k, _)| k.listener == listener)
+            .map(|(_, &s)| s)
+            .collect();
+        for slot in slots {
+            self.delete_allocation(slot);
+        }
+    }
+
+    /// The next relay socket the shell must close.
+    pub fn poll_close(&mut self) -> Option<RelayId> {
+        self.closes.pop()
+    }
+
+    fn delete_allocation(&mut self, slot: u32) {
+        if let Some(alloc) = self.slots[slot as usize].take() {
+            self.by_client.remove(&alloc.key);
+            self.free_slots.push(slot);
+            self.closes.push(RelayId(slot));
+            self.stats.allocations_deleted += 1;
+        }
+    }
+}
+
+/// The cached admission verdict of a channel, recomputed when the snapshot generation changes.
+fn admitted(snap: &Snapshot, listener_name: &str, channel: &mut Channel) -> Option<ClusterId> {
+    match channel.verdict {
+        Some((generation, verdict)) if generation == snap.generation => verdict,
+        _ => {
+            let verdict = snap
+                .route(listener_name)
+                .and_then(|r| snap.admits(r, channel.peer));
+            channel.verdict = Some((snap.generation, verdict));
+            verdict
+        }
+    }
+}
+
+fn has_permission(alloc: &Allocation, ip: IpAddr, now: Instant) -> bool {
+    alloc
+        .permissions
+        .iter()
+        .any(|p| p.ip == ip && p.expires_at > now)
+}
+
+fn install_permission(alloc: &mut Allocation, ip: IpAddr, now: Instant) -> Result<(), ErrorReply> {
+    let ip = canonical_ip(ip);
+    if let Some(p) = alloc.permissions.iter_mut().find(|p| p.ip == ip) {
+        p.expires_at = now + PERMISSION_LIFETIME;
+        return Ok(());
+    }
+    alloc.permissions.retain(|p| p.expires_at > now);
+    if alloc.permissions.len() >= MAX_PERMISSIONS_PER_ALLOCATION {
+        return Err(ErrorReply::new(508, "Insufficient Capacity"));
+    }
+    alloc.permissions.push(Permission {
+        ip,
+        expires_at: now + PERMISSION_LIFETIME,
+    });
+    Ok(())
+}
+
+/// pion's lifetime rule: a requested LIFETIME below 3600 s is honoured, anything else gives
+/// the default. `None` when no LIFETIME was sent.
+fn requested_lifetime(msg: &Message<'_>) -> Option<Duration> {
+    let seconds = msg.attribute::<Lifetime>().ok()?.seconds();
+    Some(if seconds < MAX_REQUESTED_LIFETIME_SECS {
+        Duration::from_secs(u64::from(seconds))
+    } else {
+        DEFAULT_ALLOCATION_LIFETIME
+    })
+}
+
+/// A unique, unpredictable transaction id for a Data indication, without a random source.
+fn indication_txid(key: &[u8; 32], counter: u64) -> TransactionId {
+    let mut salt = [0u8; 16];
+    salt.copy_from_slice(&key[16..]);
+    let mixed = u128::from_be_bytes(salt) ^ u128::from(counter).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    TransactionId::from(mixed & ((1u128 << 96) - 1))
+}

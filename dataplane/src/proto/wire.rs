@@ -1,0 +1,225 @@
+//! Writing STUN/TURN responses and indications into caller-owned buffers.
+//!
+//! stunnerd compatibility: no SOFTWARE attribute; FINGERPRINT only on Binding responses;
+//! authenticated responses carry MESSAGE-INTEGRITY (SHA1).
+
+use super::nonce::NONCE_LEN;
+use std::net::SocketAddr;
+use stun_proto::types::attribute::{
+    Attribute, AttributeType, AttributeWrite, ErrorCode, Nonce, Realm, UnknownAttributes,
+    XorMappedAddress,
+};
+use stun_proto::types::message::{
+    IntegrityAlgorithm, IntegrityKey, Message, MessageClass, MessageType, MessageWrite,
+    MessageWriteExt, MessageWriteMutSlice, Method, TransactionId,
+};
+use turn_types::attribute::{Data, Lifetime, XorPeerAddress, XorRelayedAddress};
+use turn_types::message::{ALLOCATE, DATA};
+
+/// An error response to send: code, reason and the attributes some codes carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorReply {
+    /// STUN error code.
+    pub code: u16,
+    reason: &'static str,
+    challenge: Option<(String, [u8; NONCE_LEN])>,
+    unknown: Vec<AttributeType>,
+}
+
+impl ErrorReply {
+    /// A plain error response.
+    pub fn new(code: u16, reason: &'static str) -> Self {
+        ErrorReply {
+            code,
+            reason,
+            challenge: None,
+            unknown: Vec::new(),
+        }
+    }
+
+    /// 420 listing the attributes we did not understand (RFC 8489 §14.13).
+    pub fn unknown_attributes(unknown: Vec<AttributeType>) -> Self {
+        ErrorReply {
+            unknown,
+            ..ErrorReply::new(420, "Unknown Attribute")
+        }
+    }
+
+    /// Adds REALM and NONCE (401 and 438, RFC 8489 §9.2.4).
+    pub fn with_challenge(mut self, realm: &str, nonce: &[u8; NONCE_LEN]) -> Self {
+        self.challenge = Some((realm.to_owned(), *nonce));
+        self
+    }
+}
+
+/// A response under construction in a caller buffer. Write failures (a too-small buffer) are
+/// remembered and reported by [`ResponseWriter::finish`].
+pub struct ResponseWriter<'a> {
+    writer: MessageWriteMutSlice<'a>,
+    failed: bool,
+}
+
+impl<'a> ResponseWriter<'a> {
+    fn new(class: MessageClass, method: Method, txid: TransactionId, out: &'a mut [u8]) -> Self {
+        let failed = out.len() < 20;
+        let writer = if failed {
+            MessageWriteMutSlice::new(&mut [])
+        } else {
+            Message::builder(
+                MessageType::from_class_method(class, method),
+                txid,
+                MessageWriteMutSlice::new(out),
+            )
+        };
+        ResponseWriter { writer, failed }
+    }
+
+    /// A success response to `request`.
+    pub fn success(request: &Message<'_>, out: &'a mut [u8]) -> Self {
+        Self::new(
+            MessageClass::Success,
+            request.method(),
+            request.transaction_id(),
+            out,
+        )
+    }
+
+    /// Appends an attribute.
+    pub fn add(&mut self, attr: &dyn AttributeWrite) {
+        if !self.failed && self.writer.add_attribute(attr).is_err() {
+            self.failed = true;
+        }
+    }
+
+    /// Adds MESSAGE-INTEGRITY when a key is given, and returns the message length.
+    pub fn finish(mut self, integrity: Option<&IntegrityKey>) -> Option<usize> {
+        if let Some(key) = integrity {
+            if !self.failed
+                && self
+                    .writer
+                    .add_message_integrity_with_key(key, IntegrityAlgorithm::Sha1)
+                    .is_err()
+            {
+                self.failed = true;
+            }
+        }
+        (!self.failed).then(|| self.writer.finish())
+    }
+
+    fn finish_with_fingerprint(mut self) -> Option<usize> {
+        if !self.failed && self.writer.add_fingerprint().is_err() {
+            self.failed = true;
+        }
+        (!self.failed).then(|| self.writer.finish())
+    }
+}
+
+/// Binding success: XOR-MAPPED-ADDRESS and FINGERPRINT, nothing else.
+pub fn binding_success(request: &Message<'_>, from: SocketAddr, out: &mut [u8]) -> Option<usize> {
+    let mut w = ResponseWriter::success(request, out);
+    w.add(&XorMappedAddress::new(from, request.transaction_id()));
+    w.finish_with_fingerprint()
+}
+
+/// An error response to `request`.
+pub fn error_response(
+    request: &Message<'_>,
+    reply: &ErrorReply,
+    integrity: Option<&IntegrityKey>,
+    out: &mut [u8],
+) -> Option<usize> {
+    error_response_raw(
+        request.method(),
+        request.transaction_id(),
+        reply,
+        integrity,
+        out,
+    )
+}
+
+/// An error response for `method` and `txid`.
+pub fn error_response_raw(
+    method: Method,
+    txid: TransactionId,
+    reply: &ErrorReply,
+    integrity: Option<&IntegrityKey>,
+    out: &mut [u8],
+) -> Option<usize> {
+    let mut w = ResponseWriter::new(MessageClass::Error, method, txid, out);
+    let error = ErrorCode::builder(reply.code)
+        .reason(reply.reason)
+        .build()
+        .ok()?;
+    w.add(&error);
+    if !reply.unknown.is_empty() {
+        w.add(&UnknownAttributes::new(&reply.unknown));
+    }
+    if let Some((realm, nonce)) = &reply.challenge {
+        w.add(&Realm::new(realm).ok()?);
+        w.add(&Nonce::new(std::str::from_utf8(nonce).ok()?).ok()?);
+    }
+    w.finish(integrity)
+}
+
+/// Allocate success: XOR-RELAYED-ADDRESS, LIFETIME, XOR-MAPPED-ADDRESS, MESSAGE-INTEGRITY.
+pub fn allocate_success(
+    txid: TransactionId,
+    relay_addr: SocketAddr,
+    client: SocketAddr,
+    lifetime_secs: u32,
+    integrity: &IntegrityKey,
+    out: &mut [u8],
+) -> Option<usize> {
+    let mut w = ResponseWriter::new(MessageClass::Success, ALLOCATE, txid, out);
+    w.add(&XorRelayedAddress::new(relay_addr, txid));
+    w.add(&Lifetime::new(lifetime_secs));
+    w.add(&XorMappedAddress::new(client, txid));
+    w.finish(Some(integrity))
+}
+
+/// Data indication carrying `payload` from `peer` (RFC 8656 §10.3).
+pub fn data_indication(
+    txid: TransactionId,
+    peer: SocketAddr,
+    payload: &[u8],
+    out: &mut [u8],
+) -> Option<usize> {
+    let mut w = ResponseWriter::new(MessageClass::Indication, DATA, txid, out);
+    w.add(&XorPeerAddress::new(peer, txid));
+    w.add(&Data::new(payload));
+    w.finish(None)
+}
+
+/// Comprehension-required attribute types this server understands in TURN requests.
+const KNOWN_REQUIRED: [u16; 22] = [
+    0x0001, // MAPPED-ADDRESS
+    0x0006, // USERNAME
+    0x0008, // MESSAGE-INTEGRITY
+    0x0009, // ERROR-CODE
+    0x000A, // UNKNOWN-ATTRIBUTES
+    0x000C, // CHANNEL-NUMBER
+    0x000D, // LIFETIME
+    0x0012, // XOR-PEER-ADDRESS
+    0x0013, // DATA
+    0x0014, // REALM
+    0x0015, // NONCE
+    0x0016, // XOR-RELAYED-ADDRESS
+    0x0017, // REQUESTED-ADDRESS-FAMILY
+    0x0018, // EVEN-PORT
+    0x0019, // REQUESTED-TRANSPORT
+    0x001A, // DONT-FRAGMENT
+    0x001C, // MESSAGE-INTEGRITY-SHA256
+    0x001D, // PASSWORD-ALGORITHM
+    0x0020, // XOR-MAPPED-ADDRESS
+    0x0022, // RESERVATION-TOKEN
+    0x0024, // PRIORITY
+    0x0025, // USE-CANDIDATE
+];
+
+/// The comprehension-required attributes of `msg` that we do not understand.
+pub fn unknown_required_attributes(msg: &Message<'_>) -> Vec<AttributeType> {
+    msg.iter_attributes()
+        .map(|(_, attr)| attr.get_type())
+        .filter(|t| t.comprehension_required() && !KNOWN_REQUIRED.contains(&t.value()))
+        .collect()
+}

@@ -1,0 +1,130 @@
+//! stunnerd's log format: `HH:MM:SS.micro file:line: scope LEVEL: msg` (or JSON), filtered by
+//! a log spec whose scopes are tracing targets.
+
+use std::fmt::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use uturn_shared::logspec::{Level, LogSpec};
+
+fn filter(level: Level) -> LevelFilter {
+    match level {
+        Level::Disable => LevelFilter::OFF,
+        Level::Error => LevelFilter::ERROR,
+        Level::Warn => LevelFilter::WARN,
+        Level::Info => LevelFilter::INFO,
+        Level::Debug => LevelFilter::DEBUG,
+        Level::Trace => LevelFilter::TRACE,
+    }
+}
+
+struct StunnerFormat {
+    json: bool,
+}
+
+impl<S, N> FormatEvent<S, N> for StunnerFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        let meta = event.metadata();
+        let label = match *meta.level() {
+            tracing::Level::ERROR => "ERROR",
+            tracing::Level::WARN => "WARNING",
+            tracing::Level::INFO => "INFO",
+            tracing::Level::DEBUG => "DEBUG",
+            tracing::Level::TRACE => "TRACE",
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let secs = now.as_secs() % 86_400;
+        let mut message = String::new();
+        ctx.format_fields(Writer::new(&mut message), event)?;
+        let file = meta
+            .file()
+            .and_then(|f| f.rsplit('/').next())
+            .unwrap_or("?");
+        if self.json {
+            let line = serde_like_json(&[
+                ("time", &format!("{}", now.as_secs_f64())),
+                ("level", label),
+                ("scope", meta.target()),
+                ("caller", &format!("{file}:{}", meta.line().unwrap_or(0))),
+                ("msg", &message),
+            ]);
+            return writeln!(writer, "{line}");
+        }
+        writeln!(
+            writer,
+            "{:02}:{:02}:{:02}.{:06} {}:{}: {} {}: {}",
+            secs / 3600,
+            (secs / 60) % 60,
+            secs % 60,
+            now.subsec_micros(),
+            file,
+            meta.line().unwrap_or(0),
+            meta.target(),
+            label,
+            message
+        )
+    }
+}
+
+fn serde_like_json(fields: &[(&str, &str)]) -> String {
+    let mut out = String::from("{");
+    for (i, (k, v)) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "\"{k}\":\"");
+        for c in v.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                c if (c as u32) < 0x20 => {
+                    let _ = write!(out, "\\u{:04x}", c as u32);
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    out.push('}');
+    out
+}
+
+/// Installs the global logger for `spec` and `format` (`text` or `json`).
+pub fn init(spec: &str, format: &str) {
+    let spec = LogSpec::parse(spec);
+    let mut targets = Targets::new().with_default(filter(spec.default_level()));
+    for (scope, level) in spec.scopes() {
+        targets = targets.with_target(scope.to_string(), filter(level));
+    }
+    // The STUN parser logs every malformed datagram; never let wire input format log lines.
+    targets = targets
+        .with_target("stun_types", LevelFilter::ERROR)
+        .with_target("stun_proto", LevelFilter::ERROR)
+        .with_target("turn_types", LevelFilter::ERROR);
+    let layer = tracing_subscriber::fmt::layer()
+        .event_format(StunnerFormat {
+            json: format == "json",
+        })
+        .with_writer(std::io::stdout);
+    let _ = tracing_subscriber::registry()
+        .with(layer)
+        .with(targets)
+        .try_init();
+}

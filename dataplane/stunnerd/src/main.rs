@@ -1,0 +1,268 @@
+//! `stunnerd`: uturn's drop-in replacement for STUNner's dataplane daemon.
+
+mod logging;
+
+use arc_swap::ArcSwap;
+use clap::Parser;
+use std::process::ExitCode;
+use std::sync::Arc;
+use uturn_control::origin::{load_once, ConfigOrigin};
+use uturn_dataplane::io::{usable_cpus, Dataplane, DataplaneConfig};
+use uturn_shared::config::StunnerConfig;
+use uturn_shared::snapshot::Snapshot;
+
+/// STUNner's stunnerd command line, flag for flag.
+#[derive(Parser, Debug)]
+#[command(
+    name = "stunnerd",
+    version,
+    about = "uturn: a TURN media gateway dataplane for Kubernetes (stunnerd-compatible)"
+)]
+struct Cli {
+    /// Config origin: file://PATH, IP:port or http(s)/ws(s) URL of a CDS server, or k8s.
+    #[arg(
+        short = 'c',
+        long = "config",
+        env = "STUNNER_CONFIG_ORIGIN",
+        default_value = ":13478"
+    )]
+    config: String,
+    /// Log level spec <scope>:<level>[,…] (overrides admin.loglevel).
+    #[arg(short = 'l', long = "log")]
+    log: Option<String>,
+    /// Log format: text or json.
+    #[arg(long = "log-format", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    /// Instance id <namespace>/<name>.
+    #[arg(short = 'i', long = "id")]
+    id: Option<String>,
+    /// Watch the config origin for updates.
+    #[arg(short = 'w', long = "watch")]
+    watch: bool,
+    /// SO_REUSEPORT sockets per TURN-UDP listener (0: one).
+    #[arg(short = 'u', long = "udp-thread-num", default_value_t = 0)]
+    udp_thread_num: usize,
+    /// Dry run: no sockets, no servers.
+    #[arg(short = 'd', long = "dry-run")]
+    dry_run: bool,
+    /// Keep /ready at 200, also while draining.
+    #[arg(long = "force-ready-status")]
+    force_ready_status: bool,
+    /// Same as -l all:DEBUG.
+    #[arg(short = 'v', long = "verbose")]
+    verbose: bool,
+    /// CDS address for -c k8s.
+    #[arg(long = "cds-server-address", env = "CDS_SERVER_ADDR")]
+    cds_server_address: Option<String>,
+    /// Namespace of the CDS pod for -c k8s.
+    #[arg(long = "cds-server-namespace", env = "CDS_SERVER_NAMESPACE")]
+    cds_server_namespace: Option<String>,
+    /// CDS port for -c k8s.
+    #[arg(long = "cds-server-port", default_value_t = 13478)]
+    cds_server_port: u16,
+    #[command(flatten)]
+    kube: KubeFlags,
+    /// turn://user:pass@host:port?transport=udp: run a built-in default config.
+    turn_uri: Option<String>,
+}
+
+/// The kubectl connection flags stunnerd accepts (used by -c k8s).
+#[derive(clap::Args, Debug)]
+struct KubeFlags {
+    /// Path to the kubeconfig file.
+    #[arg(long)]
+    kubeconfig: Option<String>,
+    /// Kubeconfig context.
+    #[arg(long)]
+    context: Option<String>,
+    /// Kubeconfig cluster.
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Kubeconfig user.
+    #[arg(long)]
+    user: Option<String>,
+    /// Namespace.
+    #[arg(short = 'n', long)]
+    namespace: Option<String>,
+    /// API server address.
+    #[arg(short = 's', long)]
+    server: Option<String>,
+    /// Bearer token.
+    #[arg(long)]
+    token: Option<String>,
+    /// Impersonate user.
+    #[arg(long = "as")]
+    as_user: Option<String>,
+    /// Impersonate groups.
+    #[arg(long = "as-group")]
+    as_group: Vec<String>,
+    /// Impersonate UID.
+    #[arg(long = "as-uid")]
+    as_uid: Option<String>,
+    /// CA certificate file.
+    #[arg(long = "certificate-authority")]
+    certificate_authority: Option<String>,
+    /// Client certificate file.
+    #[arg(long = "client-certificate")]
+    client_certificate: Option<String>,
+    /// Client key file.
+    #[arg(long = "client-key")]
+    client_key: Option<String>,
+    /// Skip TLS verification.
+    #[arg(long = "insecure-skip-tls-verify")]
+    insecure_skip_tls_verify: bool,
+    /// TLS server name.
+    #[arg(long = "tls-server-name")]
+    tls_server_name: Option<String>,
+    /// Request timeout.
+    #[arg(long = "request-timeout")]
+    request_timeout: Option<String>,
+    /// Cache directory.
+    #[arg(long = "cache-dir")]
+    cache_dir: Option<String>,
+    /// Basic-auth username.
+    #[arg(long)]
+    username: Option<String>,
+    /// Basic-auth password.
+    #[arg(long)]
+    password: Option<String>,
+}
+
+fn instance_id(cli: &Cli) -> String {
+    if let Some(id) = &cli.id {
+        return id.clone();
+    }
+    if let (Ok(ns), Ok(name)) = (
+        std::env::var("STUNNER_NAMESPACE"),
+        std::env::var("STUNNER_NAME"),
+    ) {
+        return format!("{ns}/{name}");
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into());
+    format!("default/stunnerd-{host}")
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cli_log = cli
+        .log
+        .clone()
+        .or_else(|| cli.verbose.then(|| "all:DEBUG".to_string()));
+    let (config, from_uri) = match &cli.turn_uri {
+        Some(uri) => match StunnerConfig::from_turn_uri(uri) {
+            Ok(config) => (config, true),
+            Err(e) => {
+                eprintln!("stunnerd: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        None => {
+            if cli.watch {
+                eprintln!(
+                    "stunnerd: watch mode (-w) is not supported yet by uturn; run without -w to load {:?} once",
+                    cli.config
+                );
+                return ExitCode::from(1);
+            }
+            match load_once(&ConfigOrigin::parse(&cli.config)) {
+                Ok(config) => (config, false),
+                Err(e) => {
+                    eprintln!("stunnerd: could not load config: {e}");
+                    return ExitCode::from(1);
+                }
+            }
+        }
+    };
+    let log_spec = cli_log.unwrap_or_else(|| config.admin.loglevel.clone());
+    logging::init(&log_spec, &cli.log_format);
+    let id = instance_id(&cli);
+    tracing::info!(
+        target: "stunnerd",
+        "starting stunnerd id {:?}, STUNner config origin {:?}, uturn {}",
+        id,
+        if from_uri { "TURN-URI" } else { cli.config.as_str() },
+        env!("CARGO_PKG_VERSION")
+    );
+    if from_uri {
+        if let (Some(user), Some(pass), Some(l)) = (
+            config.auth.credentials.get("username"),
+            config.auth.credentials.get("password"),
+            config.listeners.first(),
+        ) {
+            tracing::info!(
+                target: "stunnerd",
+                "TURN server on {}:{} ({}), realm {:?}: use username {:?} and password {:?}",
+                l.address,
+                l.port,
+                l.protocol.as_str(),
+                config.auth.realm,
+                user,
+                pass
+            );
+        }
+    }
+    for l in &config.listeners {
+        if l.protocol != uturn_shared::config::ListenerProtocol::TurnUdp {
+            tracing::warn!(
+                target: "stunnerd",
+                "listener {:?}: protocol {} is not served yet by uturn (only TURN-UDP)",
+                l.name,
+                l.protocol.as_str()
+            );
+        }
+    }
+    if config.listeners.is_empty() {
+        tracing::warn!(target: "stunner", "Running with no listeners: gateway unreachable");
+    }
+    if config.clusters.is_empty() {
+        tracing::warn!(target: "stunner", "Running with no clusters: TURN forwarding to peers not permitted");
+    }
+    if cli.dry_run {
+        tracing::info!(target: "stunnerd", "dry run: not opening any socket");
+        return ExitCode::SUCCESS;
+    }
+    let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::from_config(
+        &config,
+        1,
+        &|_| Vec::new(),
+    )));
+    let shards = std::env::var("UTURN_SHARDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|n: &usize| *n > 0)
+        .unwrap_or_else(usable_cpus);
+    let mut nonce_key = [0u8; 32];
+    rand::Rng::fill(&mut rand::thread_rng(), &mut nonce_key[..]);
+    tracing::info!(
+        target: "stunnerd",
+        "dataplane: {} shard(s) on io_uring (glommio), {} UDP socket(s) per TURN-UDP listener",
+        shards,
+        cli.udp_thread_num.max(1)
+    );
+    let dataplane = match Dataplane::start(DataplaneConfig {
+        shards,
+        udp_thread_num: cli.udp_thread_num,
+        snapshot,
+        nonce_key,
+    }) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!(target: "stunnerd", "cannot start dataplane: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let _ = (
+        &cli.force_ready_status,
+        &cli.cds_server_address,
+        &cli.cds_server_namespace,
+        cli.cds_server_port,
+        &cli.kube,
+    );
+    // Signals, drain and reconcile arrive with the control plane; until then, run until killed.
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let _ = dataplane.allocation_count();
+    }
+}

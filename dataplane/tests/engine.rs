@@ -1,0 +1,687 @@
+//! Engine scenarios on a virtual clock: one per method and per error path.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use stun_proto::types::attribute::{
+    AttributeStaticType, AttributeType, ErrorCode, Fingerprint, MessageIntegrity, Nonce, Realm,
+    Username, XorMappedAddress,
+};
+use stun_proto::types::message::{
+    IntegrityAlgorithm, LongTermKeyCredentials, Message, MessageClass, MessageIntegrityCredentials,
+    MessageType, MessageWrite, MessageWriteExt, MessageWriteVec, Method, TransactionId, BINDING,
+};
+use turn_types::attribute::{
+    ChannelNumber, Data, Lifetime, RequestedAddressFamily, RequestedTransport, XorPeerAddress,
+    XorRelayedAddress,
+};
+use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRESH, SEND};
+use turn_types::AddressFamily;
+use uturn_dataplane::proto::{
+    Bytes, ClientAction, DropReason, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction,
+    RelayId, PEER_HEADROOM,
+};
+use uturn_shared::auth::{ephemeral_password, ephemeral_username};
+use uturn_shared::config::parse_config;
+use uturn_shared::snapshot::Snapshot;
+
+const EPOCH_UNIX: u64 = 1_800_000_000;
+const CLIENT: &str = "192.0.2.10:40000";
+const PEER: &str = "10.1.2.3:5500";
+
+fn config(auth: &str) -> String {
+    format!(
+        r#"
+version: v1
+auth:
+{auth}
+listeners:
+  - name: udp
+    protocol: TURN-UDP
+    address: 198.51.100.1
+    port: 3478
+    routes: [media]
+clusters:
+  - name: media
+    endpoints: ["10.0.0.0/8:<5000-6000>", "fd00::/64"]
+  - name: other
+    endpoints: ["172.16.0.0/12"]
+"#
+    )
+}
+
+const STATIC_AUTH: &str =
+    "  type: static\n  credentials:\n    username: user1\n    password: pass1";
+
+struct Harness {
+    engine: Engine,
+    snap: Snapshot,
+    now: Instant,
+    out: Vec<u8>,
+    next_port: u16,
+}
+
+struct Reply {
+    bytes: Vec<u8>,
+}
+
+impl Reply {
+    fn msg(&self) -> Message<'_> {
+        Message::from_bytes(&self.bytes).expect("reply parses")
+    }
+    fn class(&self) -> MessageClass {
+        self.msg().class()
+    }
+    fn error_code(&self) -> Option<u16> {
+        self.msg().attribute::<ErrorCode>().ok().map(|e| e.code())
+    }
+}
+
+impl Harness {
+    fn new(auth: &str) -> Harness {
+        let cfg = parse_config(&config(auth)).expect("config");
+        let now = Instant::now();
+        Harness {
+            engine: Engine::new(EngineConfig {
+                epoch: now,
+                epoch_unix: EPOCH_UNIX,
+                nonce_key: [42; 32],
+            }),
+            snap: Snapshot::from_config(&cfg, 1, &|_| Vec::new()),
+            now,
+            out: vec![0; 2048],
+            next_port: 50000,
+        }
+    }
+
+    fn advance(&mut self, secs: u64) {
+        self.now += Duration::from_secs(secs);
+        self.engine.handle_timeout(self.now);
+    }
+
+    fn send(&mut self, from: &str, data: &[u8]) -> ClientAction {
+        let spec = self.snap.listeners[0].clone();
+        let action = self.engine.handle_client(
+            self.now,
+            &self.snap,
+            ListenerRef {
+                id: ListenerId(1),
+                spec: &spec,
+            },
+            from.parse().unwrap(),
+            data,
+            &mut self.out,
+        );
+        if let ClientAction::AllocateRelay(request) = action {
+            self.next_port += 2;
+            let n = self
+                .engine
+                .complete_allocate(self.now, request.relay, Ok(self.next_port), &mut self.out)
+                .expect("allocate reply");
+            return ClientAction::Reply(n);
+        }
+        action
+    }
+
+    fn request(&mut self, from: &str, data: &[u8]) -> Reply {
+        match self.send(from, data) {
+            ClientAction::Reply(n) => Reply {
+                bytes: self.out[..n].to_vec(),
+            },
+            other => panic!("expected a reply, got {other:?}"),
+        }
+    }
+
+    fn peer(&mut self, relay: RelayId, peer: &str, payload: &[u8]) -> (PeerAction, Vec<u8>) {
+        let mut buf = vec![0u8; PEER_HEADROOM + payload.len()];
+        buf[PEER_HEADROOM..].copy_from_slice(payload);
+        let action = self.engine.handle_peer(
+            self.now,
+            &self.snap,
+            relay,
+            peer.parse().unwrap(),
+            &mut buf,
+            payload.len(),
+            &mut self.out,
+        );
+        let bytes = match &action {
+            PeerAction::ToClient {
+                bytes: Bytes::Input(r),
+                ..
+            } => buf[r.clone()].to_vec(),
+            PeerAction::ToClient {
+                bytes: Bytes::Output(n),
+                ..
+            } => self.out[..*n].to_vec(),
+            PeerAction::Drop(_) => Vec::new(),
+        };
+        (action, bytes)
+    }
+}
+
+/// A client-side view: credentials plus the realm/nonce learnt from a 401.
+struct Client {
+    user: String,
+    pass: String,
+    realm: String,
+    nonce: String,
+}
+
+type Attrs<'a> = &'a dyn Fn(&mut MessageWriteVec, TransactionId);
+
+impl Client {
+    fn new(user: &str, pass: &str) -> Client {
+        Client {
+            user: user.into(),
+            pass: pass.into(),
+            realm: String::new(),
+            nonce: String::new(),
+        }
+    }
+
+    fn build(&self, method: Method, txid: TransactionId, attrs: Attrs<'_>, auth: bool) -> Vec<u8> {
+        let mut msg = Message::builder(
+            MessageType::from_class_method(MessageClass::Request, method),
+            txid,
+            MessageWriteVec::new(),
+        );
+        attrs(&mut msg, txid);
+        if auth {
+            msg.add_attribute(&Username::new(&self.user).unwrap())
+                .unwrap();
+            msg.add_attribute(&Realm::new(&self.realm).unwrap())
+                .unwrap();
+            msg.add_attribute(&Nonce::new(&self.nonce).unwrap())
+                .unwrap();
+            let creds: MessageIntegrityCredentials = LongTermKeyCredentials::new(
+                self.user.clone(),
+                self.pass.clone(),
+                self.realm.clone(),
+            )
+            .into();
+            msg.add_message_integrity(&creds, IntegrityAlgorithm::Sha1)
+                .unwrap();
+        }
+        msg.finish()
+    }
+
+    fn learn(&mut self, reply: &Reply) {
+        let msg = reply.msg();
+        self.realm = msg.attribute::<Realm>().unwrap().realm().to_string();
+        self.nonce = msg.attribute::<Nonce>().unwrap().nonce().to_string();
+    }
+
+    /// Sends `method` authenticated, learning a nonce first when needed.
+    fn call(&mut self, h: &mut Harness, method: Method, attrs: Attrs<'_>) -> Reply {
+        if self.nonce.is_empty() {
+            let challenge = h.request(
+                CLIENT,
+                &self.build(method, TransactionId::generate(), attrs, false),
+            );
+            assert_eq!(challenge.error_code(), Some(401));
+            self.learn(&challenge);
+        }
+        h.request(
+            CLIENT,
+            &self.build(method, TransactionId::generate(), attrs, true),
+        )
+    }
+}
+
+fn udp(m: &mut MessageWriteVec, _: TransactionId) {
+    m.add_attribute(&RequestedTransport::new(17)).unwrap();
+}
+
+fn peer_attr(peer: &'static str) -> impl Fn(&mut MessageWriteVec, TransactionId) {
+    move |m: &mut MessageWriteVec, txid| {
+        m.add_attribute(&XorPeerAddress::new(peer.parse().unwrap(), txid))
+            .unwrap();
+    }
+}
+
+fn channel_attrs(number: u16, peer: &'static str) -> impl Fn(&mut MessageWriteVec, TransactionId) {
+    move |m: &mut MessageWriteVec, txid| {
+        m.add_attribute(&ChannelNumber::new(number)).unwrap();
+        m.add_attribute(&XorPeerAddress::new(peer.parse().unwrap(), txid))
+            .unwrap();
+    }
+}
+
+fn allocate(h: &mut Harness) -> (Client, SocketAddr) {
+    let mut c = Client::new("user1", "pass1");
+    let reply = c.call(h, ALLOCATE, &udp);
+    assert_eq!(
+        reply.class(),
+        MessageClass::Success,
+        "{:?}",
+        reply.error_code()
+    );
+    let msg = reply.msg();
+    let relay = msg
+        .attribute::<XorRelayedAddress>()
+        .unwrap()
+        .addr(msg.transaction_id());
+    (c, relay)
+}
+
+fn send_indication(peer: &str, payload: &[u8]) -> Vec<u8> {
+    let mut msg = Message::builder(
+        MessageType::from_class_method(MessageClass::Indication, SEND),
+        TransactionId::generate(),
+        MessageWriteVec::new(),
+    );
+    let txid = msg.transaction_id();
+    msg.add_attribute(&XorPeerAddress::new(peer.parse().unwrap(), txid))
+        .unwrap();
+    msg.add_attribute(&Data::new(payload)).unwrap();
+    msg.finish()
+}
+
+#[test]
+fn binding_is_answered_without_auth_with_fingerprint() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let req = Message::builder_request(BINDING, MessageWriteVec::new()).finish();
+    let reply = h.request(CLIENT, &req);
+    let msg = reply.msg();
+    assert_eq!(msg.class(), MessageClass::Success);
+    let mapped = msg
+        .attribute::<XorMappedAddress>()
+        .unwrap()
+        .addr(msg.transaction_id());
+    assert_eq!(mapped, CLIENT.parse::<SocketAddr>().unwrap());
+    assert!(msg.has_attribute(Fingerprint::TYPE));
+    assert!(!msg.has_attribute(MessageIntegrity::TYPE));
+}
+
+#[test]
+fn allocate_challenges_then_succeeds_with_advertised_relay_address() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let (_, relay) = allocate(&mut h);
+    assert_eq!(relay, "198.51.100.1:50002".parse().unwrap());
+    assert_eq!(h.engine.allocation_count(), 1);
+}
+
+#[test]
+fn allocate_lifetime_follows_pion_rules() {
+    for (requested, granted) in [
+        (None, 600),
+        (Some(300), 300),
+        (Some(3599), 3599),
+        (Some(3600), 600),
+        (Some(90000), 600),
+    ] {
+        let mut h = Harness::new(STATIC_AUTH);
+        let mut c = Client::new("user1", "pass1");
+        let attrs = move |m: &mut MessageWriteVec, t| {
+            udp(m, t);
+            if let Some(s) = requested {
+                m.add_attribute(&Lifetime::new(s)).unwrap();
+            }
+        };
+        let reply = c.call(&mut h, ALLOCATE, &attrs);
+        assert_eq!(
+            reply.msg().attribute::<Lifetime>().unwrap().seconds(),
+            granted
+        );
+    }
+}
+
+#[test]
+fn wrong_password_gets_401_and_no_allocation() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let mut c = Client::new("user1", "wrong");
+    let reply = c.call(&mut h, ALLOCATE, &udp);
+    assert_eq!(reply.error_code(), Some(401));
+    assert!(reply.msg().attribute::<Nonce>().is_ok());
+    assert_eq!(h.engine.allocation_count(), 0);
+    let mut c = Client::new("nobody", "pass1");
+    assert_eq!(c.call(&mut h, ALLOCATE, &udp).error_code(), Some(401));
+    assert_eq!(h.engine.allocation_count(), 0);
+}
+
+#[test]
+fn missing_fields_and_bad_transport() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let mut c = Client::new("user1", "pass1");
+    assert_eq!(c.call(&mut h, ALLOCATE, &|_, _| {}).error_code(), Some(400));
+    let tcp = |m: &mut MessageWriteVec, _| m.add_attribute(&RequestedTransport::new(6)).unwrap();
+    assert_eq!(c.call(&mut h, ALLOCATE, &tcp).error_code(), Some(442));
+    let v6 = |m: &mut MessageWriteVec, t| {
+        udp(m, t);
+        m.add_attribute(&RequestedAddressFamily::new(AddressFamily::IPV6))
+            .unwrap();
+    };
+    assert_eq!(c.call(&mut h, ALLOCATE, &v6).error_code(), Some(440));
+    // An unknown comprehension-required attribute → 420.
+    let unknown = |m: &mut MessageWriteVec, t| {
+        udp(m, t);
+        m.add_attribute(&stun_proto::types::attribute::RawAttribute::new(
+            AttributeType::new(0x7777),
+            &[0, 0, 0, 0],
+        ))
+        .unwrap();
+    };
+    assert_eq!(c.call(&mut h, ALLOCATE, &unknown).error_code(), Some(420));
+    assert_eq!(h.engine.allocation_count(), 0);
+}
+
+#[test]
+fn stale_nonce_gets_438_with_a_fresh_nonce() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let mut c = Client::new("user1", "pass1");
+    let challenge = h.request(
+        CLIENT,
+        &c.build(ALLOCATE, TransactionId::generate(), &udp, false),
+    );
+    c.learn(&challenge);
+    h.advance(3601);
+    let reply = h.request(
+        CLIENT,
+        &c.build(ALLOCATE, TransactionId::generate(), &udp, true),
+    );
+    assert_eq!(reply.error_code(), Some(438));
+    c.learn(&reply);
+    let reply = h.request(
+        CLIENT,
+        &c.build(ALLOCATE, TransactionId::generate(), &udp, true),
+    );
+    assert_eq!(reply.class(), MessageClass::Success);
+}
+
+#[test]
+fn retransmitted_allocate_is_answered_from_cache_and_new_one_gets_437() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let mut c = Client::new("user1", "pass1");
+    let challenge = h.request(
+        CLIENT,
+        &c.build(ALLOCATE, TransactionId::generate(), &udp, false),
+    );
+    c.learn(&challenge);
+    let request = c.build(ALLOCATE, TransactionId::generate(), &udp, true);
+    let first = h.request(CLIENT, &request);
+    let again = h.request(CLIENT, &request);
+    assert_eq!(first.bytes, again.bytes);
+    assert_eq!(h.engine.allocation_count(), 1);
+    let other = h.request(
+        CLIENT,
+        &c.build(ALLOCATE, TransactionId::generate(), &udp, true),
+    );
+    assert_eq!(other.error_code(), Some(437));
+}
+
+#[test]
+fn refresh_extends_and_zero_deletes() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let (mut c, _) = allocate(&mut h);
+    let lifetime = |s: u32| {
+        move |m: &mut MessageWriteVec, _: TransactionId| m.add_attribute(&Lifetime::new(s)).unwrap()
+    };
+    let reply = c.call(&mut h, REFRESH, &lifetime(120));
+    assert_eq!(reply.msg().attribute::<Lifetime>().unwrap().seconds(), 120);
+    let v6 = |m: &mut MessageWriteVec, _: TransactionId| {
+        m.add_attribute(&RequestedAddressFamily::new(AddressFamily::IPV6))
+            .unwrap()
+    };
+    assert_eq!(c.call(&mut h, REFRESH, &v6).error_code(), Some(443));
+    let reply = c.call(&mut h, REFRESH, &lifetime(0));
+    assert_eq!(reply.class(), MessageClass::Success);
+    assert_eq!(h.engine.allocation_count(), 0);
+    assert_eq!(h.engine.poll_close(), Some(RelayId(0)));
+    // RFC 8656: no allocation → 437 (stunnerd stays silent).
+    assert_eq!(
+        c.call(&mut h, REFRESH, &lifetime(60)).error_code(),
+        Some(437)
+    );
+}
+
+#[test]
+fn allocation_expires_and_frees_its_relay() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let mut c = Client::new("user1", "pass1");
+    let short = |m: &mut MessageWriteVec, t| {
+        udp(m, t);
+        m.add_attribute(&Lifetime::new(30)).unwrap();
+    };
+    assert_eq!(
+        c.call(&mut h, ALLOCATE, &short).class(),
+        MessageClass::Success
+    );
+    h.advance(29);
+    assert_eq!(h.engine.allocation_count(), 1);
+    h.advance(2);
+    assert_eq!(h.engine.allocation_count(), 0);
+    assert_eq!(h.engine.poll_close(), Some(RelayId(0)));
+}
+
+#[test]
+fn create_permission_checks_routes_family_and_peers() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let (mut c, _) = allocate(&mut h);
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &|_, _| {}).error_code(),
+        Some(400)
+    );
+    // Outside every routed cluster ("other" is not routed): 403.
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &peer_attr("172.16.0.1:5000"))
+            .error_code(),
+        Some(403)
+    );
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &peer_attr("[fd00::1]:5000"))
+            .error_code(),
+        Some(443)
+    );
+    // Several peers: one denied fails the request.
+    let two = |m: &mut MessageWriteVec, t| {
+        peer_attr("10.0.0.1:5000")(m, t);
+        peer_attr("8.8.8.8:5000")(m, t);
+    };
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &two).error_code(),
+        Some(403)
+    );
+    let reply = c.call(&mut h, CREATE_PERMISSION, &peer_attr(PEER));
+    assert_eq!(reply.class(), MessageClass::Success);
+    assert!(reply.msg().has_attribute(MessageIntegrity::TYPE));
+}
+
+#[test]
+fn send_and_data_indications_relay_with_permission_and_admission() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let (mut c, _) = allocate(&mut h);
+    let indication = send_indication(PEER, b"hello");
+    assert_eq!(
+        h.send(CLIENT, &indication),
+        ClientAction::Drop(DropReason::NoPermission)
+    );
+    c.call(&mut h, CREATE_PERMISSION, &peer_attr(PEER));
+    match h.send(CLIENT, &indication) {
+        ClientAction::Relay {
+            relay,
+            peer,
+            payload,
+        } => {
+            assert_eq!(relay, RelayId(0));
+            assert_eq!(peer, PEER.parse().unwrap());
+            assert_eq!(&indication[payload], b"hello");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Port ranges apply per datagram: 10.1.2.3:7000 is outside <5000-6000>.
+    assert_eq!(
+        h.send(CLIENT, &send_indication("10.1.2.3:7000", b"x")),
+        ClientAction::Drop(DropReason::NotAdmitted)
+    );
+    // Peer → client without a channel: a Data indication.
+    let (action, bytes) = h.peer(RelayId(0), PEER, b"world");
+    assert!(
+        matches!(action, PeerAction::ToClient { client, .. } if client == CLIENT.parse().unwrap())
+    );
+    let msg = Message::from_bytes(&bytes).unwrap();
+    assert_eq!(msg.class(), MessageClass::Indication);
+    assert_eq!(msg.method(), DATA);
+    assert_eq!(msg.attribute::<Data>().unwrap().data(), b"world");
+    assert_eq!(
+        msg.attribute::<XorPeerAddress>()
+            .unwrap()
+            .addr(msg.transaction_id()),
+        PEER.parse().unwrap()
+    );
+    // From a peer without permission, or outside the port range: dropped.
+    assert_eq!(
+        h.peer(RelayId(0), "10.9.9.9:5500", b"x").0,
+        PeerAction::Drop(DropReason::NoPermission)
+    );
+    assert_eq!(
+        h.peer(RelayId(0), "10.1.2.3:7000", b"x").0,
+        PeerAction::Drop(DropReason::NotAdmitted)
+    );
+    // The permission expires after 300 s.
+    h.advance(301);
+    assert_eq!(
+        h.peer(RelayId(0), PEER, b"late").0,
+        PeerAction::Drop(DropReason::NoPermission)
+    );
+}
+
+#[test]
+fn channel_bind_and_channel_data_both_ways() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let (mut c, _) = allocate(&mut h);
+    assert_eq!(
+        c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x3FFF, PEER))
+            .error_code(),
+        Some(400)
+    );
+    assert_eq!(
+        c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x5000, PEER))
+            .error_code(),
+        Some(400)
+    );
+    assert_eq!(
+        c.call(
+            &mut h,
+            CHANNEL_BIND,
+            &channel_attrs(0x4001, "172.16.0.1:5000")
+        )
+        .error_code(),
+        Some(403)
+    );
+    assert_eq!(
+        c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4001, PEER))
+            .class(),
+        MessageClass::Success
+    );
+    // Refresh of the same binding is fine; conflicts are 400.
+    assert_eq!(
+        c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4001, PEER))
+            .class(),
+        MessageClass::Success
+    );
+    assert_eq!(
+        c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4002, PEER))
+            .error_code(),
+        Some(400)
+    );
+    assert_eq!(
+        c.call(
+            &mut h,
+            CHANNEL_BIND,
+            &channel_attrs(0x4001, "10.1.2.4:5500")
+        )
+        .error_code(),
+        Some(400)
+    );
+
+    let mut frame = vec![0x40, 0x01, 0x00, 0x03];
+    frame.extend_from_slice(b"abc\0");
+    match h.send(CLIENT, &frame) {
+        ClientAction::Relay { peer, payload, .. } => {
+            assert_eq!(peer, PEER.parse().unwrap());
+            assert_eq!(&frame[payload], b"abc");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        h.send(CLIENT, &[0x40, 0x02, 0, 1, 9]),
+        ClientAction::Drop(DropReason::NoChannel)
+    );
+    assert_eq!(
+        h.send(CLIENT, &[0x40, 0x01, 0, 9, 1]),
+        ClientAction::Drop(DropReason::Malformed)
+    );
+    assert_eq!(
+        h.send("192.0.2.99:1", &frame),
+        ClientAction::Drop(DropReason::NoAllocation)
+    );
+
+    let (_, bytes) = h.peer(RelayId(0), PEER, b"pong");
+    assert_eq!(bytes, [0x40, 0x01, 0x00, 0x04, b'p', b'o', b'n', b'g']);
+}
+
+#[test]
+fn admission_verdict_is_rechecked_when_the_config_changes() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let (mut c, _) = allocate(&mut h);
+    c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4001, PEER));
+    let frame = [0x40, 0x01, 0x00, 0x01, b'z'];
+    assert!(matches!(h.send(CLIENT, &frame), ClientAction::Relay { .. }));
+    let narrowed = config(STATIC_AUTH).replace("10.0.0.0/8:<5000-6000>", "10.0.0.0/8:<1-100>");
+    h.snap = Snapshot::from_config(&parse_config(&narrowed).unwrap(), 2, &|_| Vec::new());
+    assert_eq!(
+        h.send(CLIENT, &frame),
+        ClientAction::Drop(DropReason::NotAdmitted)
+    );
+}
+
+#[test]
+fn ephemeral_credentials_work_until_they_expire() {
+    let auth = "  type: ephemeral\n  credentials:\n    secret: s3cr3t";
+    let mut h = Harness::new(auth);
+    let user = ephemeral_username(EPOCH_UNIX + 60, "alice");
+    let mut c = Client::new(&user, &ephemeral_password("s3cr3t", &user));
+    assert_eq!(
+        c.call(&mut h, ALLOCATE, &udp).class(),
+        MessageClass::Success
+    );
+    let mut h = Harness::new(auth);
+    let old = ephemeral_username(EPOCH_UNIX - 1, "alice");
+    let mut c = Client::new(&old, &ephemeral_password("s3cr3t", &old));
+    assert_eq!(c.call(&mut h, ALLOCATE, &udp).error_code(), Some(401));
+    let mut c = Client::new(&user, &ephemeral_password("wrong", &user));
+    assert_eq!(c.call(&mut h, ALLOCATE, &udp).error_code(), Some(401));
+}
+
+#[test]
+fn auth_none_is_stun_only() {
+    let mut h = Harness::new("  type: none");
+    let mut c = Client::new("x", "y");
+    assert_eq!(c.call(&mut h, ALLOCATE, &udp).error_code(), Some(400));
+    let req = Message::builder_request(BINDING, MessageWriteVec::new()).finish();
+    assert_eq!(h.request(CLIENT, &req).class(), MessageClass::Success);
+}
+
+#[test]
+fn malformed_datagrams_are_dropped_and_counted() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let mut seed: u64 = 0x1234_5678;
+    for i in 0..5000usize {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let len = (seed % 120) as usize;
+        let mut data: Vec<u8> = (0..len)
+            .map(|j| (seed >> (j % 56)) as u8 ^ j as u8)
+            .collect();
+        if i % 3 == 0 && len >= 20 {
+            // A STUN-looking header with a bogus body.
+            data[0] = 0x00;
+            data[1] = 0x03;
+            data[4..8].copy_from_slice(&[0x21, 0x12, 0xA4, 0x42]);
+        }
+        let _ = h.send(CLIENT, &data);
+    }
+    assert!(h.engine.stats().dropped[DropReason::Malformed.index()] > 1000);
+    assert_eq!(h.engine.allocation_count(), 0);
+    allocate(&mut h);
+}

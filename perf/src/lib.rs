@@ -1,0 +1,1 @@
+//! Client tools for uturn (turncat, turnperf).

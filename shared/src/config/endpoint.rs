@@ -1,0 +1,218 @@
+//! Address forms inside a config: STATIC cluster endpoints (`IP[/len][:<min-max>]`) and the
+//! admin HTTP endpoints (`http://addr:port/path`).
+
+use serde::Serialize;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// A STATIC cluster endpoint: an IP prefix and an inclusive peer port range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct StaticEndpoint {
+    /// Network address (host bits cleared); IPv4-mapped IPv6 is stored as IPv4.
+    pub addr: IpAddr,
+    /// Prefix length: 32 or 128 for a plain IP.
+    pub prefix_len: u8,
+    /// Lowest peer port admitted.
+    pub port_min: u16,
+    /// Highest peer port admitted (a range with `port_min > port_max` admits nothing).
+    pub port_max: u16,
+}
+
+const ENDPOINT_FORMS: &str = "write an IP (10.0.0.1), a prefix (10.0.0.0/8, fd00::/64), \
+                              optionally followed by a port range (10.0.0.1:<5000-6000>)";
+
+impl StaticEndpoint {
+    /// Parses `IP`, `IP/len`, either optionally followed by `:<MIN-MAX>`; no range means
+    /// ports 1-65535. Range bounds are not sanity-checked (as stunnerd), except that they must
+    /// be port numbers; an upper bound above 65535 means 65535.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (prefix, ports) = split_port_range(s)?;
+        let (ip_text, len_text) = match prefix.split_once('/') {
+            Some((ip, len)) => (ip, Some(len)),
+            None => (prefix, None),
+        };
+        let ip: IpAddr = ip_text.parse().map_err(|_| {
+            format!("invalid endpoint {s:?}: {ip_text:?} is not an IP address; {ENDPOINT_FORMS}")
+        })?;
+        let max_len = if ip.is_ipv4() { 32 } else { 128 };
+        let prefix_len = match len_text {
+            None => max_len,
+            Some(len) => len
+                .parse::<u8>()
+                .ok()
+                .filter(|n| len.bytes().all(|b| b.is_ascii_digit()) && *n <= max_len)
+                .ok_or_else(|| {
+                    format!(
+                        "invalid endpoint {s:?}: prefix length {len:?} must be 0-{max_len}; \
+                         {ENDPOINT_FORMS}"
+                    )
+                })?,
+        };
+        let (ip, prefix_len) = canonical_prefix(ip, prefix_len);
+        let (port_min, port_max) = ports.unwrap_or((1, u16::MAX));
+        Ok(StaticEndpoint {
+            addr: masked(ip, prefix_len),
+            prefix_len,
+            port_min,
+            port_max,
+        })
+    }
+
+    /// Whether `ip` lies in the prefix (ports ignored, as at permission time).
+    pub fn contains_ip(&self, ip: IpAddr) -> bool {
+        let (ip, _) = canonical_prefix(ip, 128);
+        ip.is_ipv4() == self.addr.is_ipv4() && masked(ip, self.prefix_len) == self.addr
+    }
+
+    /// Whether `addr` lies in the prefix and its port in the range (per-datagram admission).
+    pub fn contains(&self, addr: SocketAddr) -> bool {
+        self.contains_ip(addr.ip()) && (self.port_min..=self.port_max).contains(&addr.port())
+    }
+}
+
+/// Splits a trailing `:<MIN-MAX>` off (stunnerd's `^(.*):<([0-9]+)-([0-9]+)>$`).
+fn split_port_range(s: &str) -> Result<(&str, Option<(u16, u16)>), String> {
+    let Some(body) = s.strip_suffix('>') else {
+        return Ok((s, None));
+    };
+    let Some(colon) = body.rfind(":<") else {
+        return Ok((s, None));
+    };
+    let Some((low, high)) = body[colon + 2..].split_once('-') else {
+        return Ok((s, None));
+    };
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    if !digits(low) || !digits(high) {
+        return Ok((s, None));
+    }
+    let bound = |t: &str| t.parse::<u64>().unwrap_or(u64::MAX);
+    let (low, high) = (bound(low), bound(high));
+    let low = u16::try_from(low).map_err(|_| {
+        format!("invalid endpoint {s:?}: port range starts above 65535; use :<MIN-MAX> with ports 0-65535")
+    })?;
+    let high = u16::try_from(high).unwrap_or(u16::MAX);
+    Ok((&s[..colon], Some((low, high))))
+}
+
+/// IPv4-mapped IPv6 prefixes become IPv4 prefixes, so they match peers the way IPv4 does.
+fn canonical_prefix(ip: IpAddr, prefix_len: u8) -> (IpAddr, u8) {
+    match ip {
+        IpAddr::V6(v6) if prefix_len >= 96 => match v6.to_ipv4_mapped() {
+            Some(v4) => (IpAddr::V4(v4), prefix_len - 96),
+            None => (ip, prefix_len),
+        },
+        _ => (ip, prefix_len),
+    }
+}
+
+fn masked(ip: IpAddr, prefix_len: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(prefix_len.min(32)))
+                .unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask))
+        }
+        IpAddr::V6(v6) => {
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(prefix_len.min(128)))
+                .unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask))
+        }
+    }
+}
+
+/// Where an admin HTTP server listens and the path it serves.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct HttpEndpoint {
+    /// Bind address: an empty host is `0.0.0.0`, `localhost` is `127.0.0.1`.
+    pub addr: SocketAddr,
+    /// URL path; `/` when empty.
+    pub path: String,
+}
+
+const HTTP_FORMS: &str = "use http://<address>:<port>/<path>, e.g. http://:8080/metrics";
+
+/// Parses an admin endpoint URL: `http://:8086` is 0.0.0.0:8086 path `/`, a missing port is
+/// `default_port`, `http://[::1]:9000/x` is IPv6. The host must be an IP or `localhost`.
+pub fn parse_http_endpoint(url: &str, default_port: u16) -> Result<HttpEndpoint, String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!(
+            "invalid URL {url:?}: missing http:// scheme; {HTTP_FORMS}"
+        ));
+    };
+    if !scheme.eq_ignore_ascii_case("http") {
+        return Err(format!(
+            "invalid URL {url:?}: scheme {scheme:?} is not supported; {HTTP_FORMS}"
+        ));
+    }
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
+    let path = match &tail[..path_end] {
+        "" => "/".to_owned(),
+        path => path.to_owned(),
+    };
+    if authority.contains('@') {
+        return Err(format!(
+            "invalid URL {url:?}: user info is not supported; {HTTP_FORMS}"
+        ));
+    }
+    let (host, port) = split_host_port(authority)
+        .map_err(|why| format!("invalid URL {url:?}: {why}; {HTTP_FORMS}"))?;
+    let ip = host_ip(host).ok_or_else(|| {
+        format!(
+            "invalid URL {url:?}: host {host:?} must be an IP address or localhost; {HTTP_FORMS}"
+        )
+    })?;
+    let port = match port {
+        None => default_port,
+        Some(port) => port,
+    };
+    Ok(HttpEndpoint {
+        addr: SocketAddr::new(ip, port),
+        path,
+    })
+}
+
+/// An empty host is the IPv4 wildcard, `localhost` is IPv4 loopback, otherwise an IP literal.
+pub(super) fn host_ip(host: &str) -> Option<IpAddr> {
+    if host.is_empty() {
+        Some(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+    } else if host.eq_ignore_ascii_case("localhost") {
+        Some(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    } else {
+        host.parse().ok()
+    }
+}
+
+/// Splits `host[:port]` or `[v6][:port]`; an empty port (`host:`) is no port.
+pub(super) fn split_host_port(authority: &str) -> Result<(&str, Option<u16>), String> {
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        let Some((host, after)) = bracketed.split_once(']') else {
+            return Err("missing ] after the IPv6 address".to_owned());
+        };
+        match after.strip_prefix(':') {
+            Some(port) => (host, port),
+            None if after.is_empty() => (host, ""),
+            None => return Err(format!("unexpected {after:?} after ]")),
+        }
+    } else {
+        match authority.split_once(':') {
+            Some((_, port)) if port.contains(':') => {
+                return Err("write IPv6 addresses in brackets, e.g. [::1]:8080".to_owned())
+            }
+            Some((host, port)) => (host, port),
+            None => (authority, ""),
+        }
+    };
+    if port.is_empty() {
+        return Ok((host, None));
+    }
+    if !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("port {port:?} is not a number"));
+    }
+    let port = port
+        .parse::<u16>()
+        .map_err(|_| format!("port {port:?} must be 0-65535"))?;
+    Ok((host, Some(port)))
+}

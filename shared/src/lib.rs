@@ -1,0 +1,8 @@
+//! What both planes of uturn agree on: the v1 config schema, auth, the route snapshot, the
+//! log-spec parser.
+#![deny(missing_docs)]
+
+pub mod auth;
+pub mod config;
+pub mod logspec;
+pub mod snapshot;

@@ -1,0 +1,164 @@
+//! The immutable, generation-numbered view of the running config that shards read on the hot
+//! path: which listeners run, which peers each listener may reach, and how to authenticate.
+//!
+//! The control thread builds a new [`Snapshot`] per accepted config (or endpoint change) and
+//! publishes it through a [`SnapshotHandle`]; shards read it with `arc_swap::Cache`, never lock,
+//! and re-check a cached verdict only when [`Snapshot::generation`] changes.
+
+use crate::auth::Authenticator;
+use crate::config::{ClusterType, ListenerProtocol, StaticEndpoint, StunnerConfig};
+use arc_swap::ArcSwap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+/// The shared, swappable pointer to the current snapshot.
+pub type SnapshotHandle = Arc<ArcSwap<Snapshot>>;
+
+/// Index of a cluster in [`Snapshot::clusters`].
+pub type ClusterId = usize;
+
+/// A listener the dataplane must serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerSpec {
+    /// Listener name (the key routes are looked up by).
+    pub name: String,
+    /// Protocol, normalized.
+    pub protocol: ListenerProtocol,
+    /// The relay address advertised in XOR-RELAYED-ADDRESS (listener `address`).
+    pub advertised_ip: IpAddr,
+    /// The port the listener binds on the wildcard address.
+    pub port: u16,
+}
+
+/// A cluster as the dataplane matches peers against it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSpec {
+    /// Cluster name (used in logs and metrics).
+    pub name: String,
+    /// Address matchers: IP prefixes with port ranges.
+    pub endpoints: Vec<StaticEndpoint>,
+}
+
+/// The peers one listener may reach: the union of the clusters in its `routes`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Route {
+    clusters: Vec<ClusterId>,
+}
+
+/// One immutable generation of the running config.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Bumped on every publish; cached verdicts carry the generation they were made under.
+    pub generation: u64,
+    /// How requests are authenticated.
+    pub auth: Authenticator,
+    /// Listeners to serve.
+    pub listeners: Vec<ListenerSpec>,
+    /// Clusters, in config order.
+    pub clusters: Vec<ClusterSpec>,
+    routes: Vec<Route>,
+}
+
+/// Canonical form of a peer IP: IPv4-mapped IPv6 addresses become IPv4.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+impl Snapshot {
+    /// Builds the snapshot of a validated config. `dns` gives the addresses currently resolved
+    /// for a STRICT_DNS or discovered cluster, by cluster name (IP-only matching).
+    pub fn from_config(
+        config: &StunnerConfig,
+        generation: u64,
+        dns: &dyn Fn(&str) -> Vec<IpAddr>,
+    ) -> Snapshot {
+        let clusters: Vec<ClusterSpec> = config
+            .clusters
+            .iter()
+            .map(|cluster| {
+                let endpoints = match cluster.cluster_type {
+                    ClusterType::Static => cluster
+                        .endpoints
+                        .iter()
+                        .filter_map(|e| StaticEndpoint::parse(e).ok())
+                        .collect(),
+                    ClusterType::StrictDns => dns(&cluster.name)
+                        .into_iter()
+                        .map(|ip| StaticEndpoint {
+                            addr: ip,
+                            prefix_len: if ip.is_ipv4() { 32 } else { 128 },
+                            port_min: 0,
+                            port_max: u16::MAX,
+                        })
+                        .collect(),
+                };
+                ClusterSpec {
+                    name: cluster.name.clone(),
+                    endpoints,
+                }
+            })
+            .collect();
+        let mut listeners = Vec::new();
+        let mut routes = Vec::new();
+        for listener in &config.listeners {
+            let advertised_ip = listener
+                .address
+                .parse()
+                .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+            listeners.push(ListenerSpec {
+                name: listener.name.clone(),
+                protocol: listener.protocol,
+                advertised_ip,
+                port: listener.port,
+            });
+            // Clusters named in routes but missing from the config are skipped, as stunnerd does.
+            routes.push(Route {
+                clusters: listener
+                    .routes
+                    .iter()
+                    .filter_map(|r| clusters.iter().position(|c| &c.name == r))
+                    .collect(),
+            });
+        }
+        Snapshot {
+            generation,
+            auth: Authenticator::from_config(&config.auth),
+            listeners,
+            clusters,
+            routes,
+        }
+    }
+
+    /// The route of the listener called `listener`, if it runs.
+    pub fn route(&self, listener: &str) -> Option<&Route> {
+        self.listeners
+            .iter()
+            .position(|l| l.name == listener)
+            .map(|i| &self.routes[i])
+    }
+
+    /// Permission-time check (IP only, port ranges ignored): is `ip` in any routed cluster?
+    pub fn permits_ip(&self, route: &Route, ip: IpAddr) -> bool {
+        let ip = canonical_ip(ip);
+        route
+            .clusters
+            .iter()
+            .any(|&c| self.clusters[c].endpoints.iter().any(|e| e.contains_ip(ip)))
+    }
+
+    /// Per-datagram admission (IP and port): the first routed cluster that admits `peer`.
+    pub fn admits(&self, route: &Route, peer: SocketAddr) -> Option<ClusterId> {
+        let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
+        route
+            .clusters
+            .iter()
+            .copied()
+            .find(|&c| self.clusters[c].endpoints.iter().any(|e| e.contains(peer)))
+    }
+}
