@@ -554,7 +554,7 @@ fn channel_bind_and_channel_data_both_ways() {
         Some(400)
     );
     assert_eq!(
-        c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x5000, PEER))
+        c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x8000, PEER))
             .error_code(),
         Some(400)
     );

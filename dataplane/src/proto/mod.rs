@@ -54,6 +54,9 @@ pub const PEER_HEADROOM: usize = 4;
 /// Most permissions one allocation may hold (more gets 508).
 pub const MAX_PERMISSIONS_PER_ALLOCATION: usize = 256;
 
+/// Channel numbers accepted (RFC 5766 range, as pion; RFC 8656 clients use a subset).
+pub const CHANNEL_NUMBERS: std::ops::RangeInclusive<u16> = 0x4000..=0x7FFF;
+
 /// IANA protocol number of UDP in REQUESTED-TRANSPORT.
 const TRANSPORT_UDP: u8 = 17;
 
@@ -361,7 +364,7 @@ impl Engine {
         let number = u16::from_be_bytes([data[0], data[1]]);
         let length = usize::from(u16::from_be_bytes([data[2], data[3]]));
         // RFC 8656 §12.5: over UDP the datagram may carry padding after `length` bytes.
-        if !(0x4000..=0x4FFF).contains(&number) || 4 + length > data.len() {
+        if !CHANNEL_NUMBERS.contains(&number) || 4 + length > data.len() {
             return ClientAction::Drop(self.dropped(DropReason::Malformed));
         }
         let key = ClientKey {
@@ -838,8 +841,9 @@ impl Engine {
         let number = number.channel();
         let peer = peer.addr(msg.transaction_id());
         let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
-        // RFC 8656 §11.2: channel numbers 0x4000 through 0x4FFF.
-        if !(0x4000..=0x4FFF).contains(&number) {
+        // RFC 8656 §11.2 narrowed channel numbers to 0x4000-0x4FFF; RFC 5766 clients (coturn's
+        // among them) still pick from 0x4000-0x7FFF, and pion/stunnerd accept that range.
+        if !CHANNEL_NUMBERS.contains(&number) {
             return Err(ErrorReply::new(400, "Bad Request"));
         }
         if Family::of(peer.ip()) != alloc.family {

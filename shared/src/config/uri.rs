@@ -148,12 +148,14 @@ pub(super) fn config_from_turn_uri(uri: &str) -> Result<StunnerConfig, ConfigErr
     Ok(config)
 }
 
-/// The URI with its password replaced by `****`, for error messages.
+/// The URI with its password replaced by `****`, for error messages. Also covers the
+/// scheme-only form `turn:user:pass@host` that is refused.
 fn redact(uri: &str) -> String {
-    let Some(scheme_end) = uri.find("://").map(|i| i + 3) else {
-        return uri.to_owned();
+    let userinfo_start = match uri.find("://") {
+        Some(i) => i + 3,
+        None => uri.find(':').map_or(0, |i| i + 1),
     };
-    let rest = &uri[scheme_end..];
+    let rest = &uri[userinfo_start..];
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let Some(at) = rest[..authority_end].rfind('@') else {
         return uri.to_owned();
@@ -161,7 +163,7 @@ fn redact(uri: &str) -> String {
     match rest[..at].find(':') {
         Some(colon) => format!(
             "{}{}:****{}",
-            &uri[..scheme_end],
+            &uri[..userinfo_start],
             &rest[..colon],
             &rest[at..]
         ),

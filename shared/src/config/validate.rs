@@ -224,7 +224,7 @@ fn check_pem(
     let what = if field == "cert" { "cert" } else { "key" };
     let shown = || {
         if field == "cert" {
-            let head: String = encoded.chars().take(24).collect();
+            let head: String = encoded.chars().take(40).collect();
             if head.len() < encoded.len() {
                 format!("{head}…")
             } else {

@@ -1,0 +1,1107 @@
+//! Scenarios for the stunnerd v1 config: defaults, aliases, key matching, env substitution,
+//! validation errors, endpoints, TURN URIs, the zero config and admin HTTP endpoints.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use uturn_shared::config::*;
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+fn with_env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let vars: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |key| vars.get(key).cloned()
+}
+
+fn parse(text: &str) -> Result<StunnerConfig, ConfigError> {
+    parse_config_with_env(text, &no_env)
+}
+
+fn parse_ok(text: &str) -> StunnerConfig {
+    match parse(text) {
+        Ok(config) => config,
+        Err(e) => panic!("config should parse: {e}\n{text}"),
+    }
+}
+
+const STATIC_AUTH: &str = r#""auth": {"credentials": {"username": "u", "password": "p"}}"#;
+
+fn json_with(body: &str) -> String {
+    format!(r#"{{"version": "v1", {STATIC_AUTH}, {body}}}"#)
+}
+
+fn pem_b64(label: &str) -> String {
+    use base64::Engine as _;
+    let pem = format!("-----BEGIN {label}-----\nMIIB\n-----END {label}-----\n");
+    base64::engine::general_purpose::STANDARD.encode(pem)
+}
+
+#[test]
+fn minimal_config_gets_every_default() {
+    let config = parse_ok(
+        "version: v1\nauth:\n  credentials: {username: u, password: p}\nlisteners:\n  - name: l\nclusters:\n  - name: c\n",
+    );
+    assert_eq!(config.version, "v1");
+    assert_eq!(config.admin.name, "default-stunnerd");
+    assert_eq!(config.admin.loglevel, "all:INFO");
+    assert_eq!(config.admin.metrics_endpoint, "");
+    assert_eq!(
+        config.admin.healthcheck_endpoint.as_deref(),
+        Some("http://:8086")
+    );
+    assert_eq!(config.admin.user_quota, 0);
+    assert_eq!(config.admin.offload_engine, "None");
+    assert!(config.admin.offload_interfaces.is_empty());
+    assert_eq!(config.admin.license_config, None);
+    assert_eq!(config.auth.auth_type, AuthType::Static);
+    assert_eq!(config.auth.realm, "stunner.l7mp.io");
+    let listener = &config.listeners[0];
+    assert_eq!(listener.protocol, ListenerProtocol::TurnUdp);
+    assert_eq!(listener.address, "0.0.0.0");
+    assert_eq!(listener.port, 3478);
+    assert!(listener.routes.is_empty());
+    let cluster = &config.clusters[0];
+    assert_eq!(cluster.cluster_type, ClusterType::Static);
+    assert_eq!(cluster.protocol, ClusterProtocol::Udp);
+    assert!(cluster.endpoints.is_empty());
+}
+
+#[test]
+fn missing_sections_become_empty() {
+    let config = parse_ok(&format!(r#"{{"version": "v1", {STATIC_AUTH}}}"#));
+    assert!(config.listeners.is_empty());
+    assert!(config.clusters.is_empty());
+    let config = parse_ok(&json_with(
+        r#""listeners": null, "clusters": null, "admin": null"#,
+    ));
+    assert!(config.listeners.is_empty());
+    assert_eq!(config.admin.name, "default-stunnerd");
+}
+
+#[test]
+fn reference_json_example_parses() {
+    let cert = pem_b64("CERTIFICATE");
+    let key = pem_b64("PRIVATE KEY");
+    let text = format!(
+        r#"{{
+  "version": "v1",
+  "admin": {{"name": "stunner/udp-gateway", "loglevel": "all:INFO",
+    "metrics_endpoint": "http://:8080/metrics", "healthcheck_endpoint": "http://:8086",
+    "offload_engine": "None"}},
+  "auth": {{"type": "ephemeral", "realm": "stunner.l7mp.io",
+    "credentials": {{"secret": "my-shared-secret"}}}},
+  "listeners": [
+    {{"name": "stunner/udp-gateway/udp-listener", "protocol": "TURN-UDP",
+      "public_address": "34.118.88.91", "public_port": 3478, "address": "$STUNNER_ADDR",
+      "port": 3478, "routes": ["media-plane/media-route"]}},
+    {{"name": "stunner/udp-gateway/tls-listener", "protocol": "TURN-TLS",
+      "public_address": "34.118.88.91", "public_port": 5349, "address": "$STUNNER_ADDR",
+      "port": 5349, "cert": "{cert}", "key": "{key}", "routes": ["media-plane/media-route"]}}
+  ],
+  "clusters": [
+    {{"name": "media-plane/media-route", "type": "STATIC", "protocol": "UDP",
+      "endpoints": ["10.76.1.3", "10.80.7.104", "10.120.5.36", "10.0.8.0/24:<10000-20000>"]}}
+  ]
+}}"#
+    );
+    let config = parse_config_with_env(&text, &with_env(&[("STUNNER_ADDR", "10.1.2.3")]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.auth.auth_type, AuthType::Ephemeral);
+    assert_eq!(config.listeners[0].address, "10.1.2.3");
+    assert_eq!(config.listeners[0].public_port, 3478);
+    assert_eq!(config.listeners[1].protocol, ListenerProtocol::TurnTls);
+    assert_eq!(config.listeners[1].port, 5349);
+    assert_eq!(
+        config.clusters[0].endpoints,
+        [
+            "10.0.8.0/24:<10000-20000>",
+            "10.120.5.36",
+            "10.76.1.3",
+            "10.80.7.104"
+        ]
+    );
+}
+
+#[test]
+fn reference_yaml_example_parses() {
+    let text = r#"
+version: v1
+admin:
+  name: my-stunnerd
+  loglevel: all:INFO,turn:WARN
+  healthcheck_endpoint: "http://:8086"
+  metrics_endpoint: "http://0.0.0.0:8080/metrics"
+auth:
+  type: static            # or: plaintext / ephemeral / longterm
+  realm: stunner.l7mp.io
+  credentials:
+    username: user-1
+    password: "pa$$word"  # not env-expanded
+listeners:
+  - name: udp-listener
+    protocol: TURN-UDP
+    address: "$STUNNER_ADDR"   # advertised relay IP
+    port: 3478
+    routes: [media, dns-media]
+  - name: tcp-listener
+    protocol: TURN-TCP
+    address: "$STUNNER_ADDR"
+    port: 3478
+    routes: [media]
+clusters:
+  - name: media
+    type: STATIC
+    endpoints: ["10.0.0.0/16", "192.168.1.10:<40000-49999>"]
+  - name: dns-media
+    type: STRICT_DNS
+    endpoints: ["media.default.svc.cluster.local"]
+"#;
+    let config = parse_config_with_env(text, &with_env(&[("STUNNER_ADDR", "::1")]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.admin.loglevel, "all:INFO,turn:WARN");
+    assert_eq!(config.auth.credentials["password"], "pa$$word");
+    assert_eq!(config.listeners[0].address, "::1");
+    assert_eq!(config.listeners[0].routes, ["dns-media", "media"]);
+    assert_eq!(config.clusters[1].cluster_type, ClusterType::StrictDns);
+}
+
+#[test]
+fn auth_types_and_aliases_are_case_sensitive() {
+    let cases = [
+        ("static", Some(AuthType::Static)),
+        ("plaintext", Some(AuthType::Static)),
+        ("ephemeral", Some(AuthType::Ephemeral)),
+        ("longterm", Some(AuthType::Ephemeral)),
+        ("none", Some(AuthType::None)),
+        ("", Some(AuthType::Static)),
+        ("Static", None),
+        ("EPHEMERAL", None),
+        ("timewindowed", None),
+    ];
+    for (raw, want) in cases {
+        let text = format!(
+            r#"{{"version": "v1", "auth": {{"type": "{raw}",
+               "credentials": {{"username": "u", "password": "p", "secret": "s"}}}}}}"#
+        );
+        match (parse(&text), want) {
+            (Ok(config), Some(want)) => assert_eq!(config.auth.auth_type, want, "{raw:?}"),
+            (Err(e), None) => {
+                assert_eq!(e.field, "auth.type", "{raw:?}");
+                assert_eq!(e.value, raw);
+            }
+            (got, want) => panic!("type {raw:?}: got {got:?}, want {want:?}"),
+        }
+    }
+    let config = parse_ok(
+        r#"{"version": "v1", "auth": {"type": "plaintext", "credentials": {"username": "u", "password": "p"}}}"#,
+    );
+    assert!(config.to_json().contains(r#""type":"static""#));
+}
+
+#[test]
+fn enum_fields_parse_case_insensitively_and_normalize() {
+    let cases = [
+        ("turn-udp", ListenerProtocol::TurnUdp),
+        ("TURN-TCP", ListenerProtocol::TurnTcp),
+        ("Turn-Tcp", ListenerProtocol::TurnTcp),
+        ("udp", ListenerProtocol::Udp),
+        ("tcp", ListenerProtocol::Tcp),
+        ("", ListenerProtocol::TurnUdp),
+    ];
+    for (raw, want) in cases {
+        let config = parse_ok(&json_with(&format!(
+            r#""listeners": [{{"name": "l", "protocol": "{raw}"}}]"#
+        )));
+        assert_eq!(config.listeners[0].protocol, want, "{raw:?}");
+    }
+    let config = parse_ok(&json_with(
+        r#""clusters": [{"name": "a", "type": "strict_dns", "protocol": "tcp"},
+                        {"name": "b", "type": "Static", "protocol": "Udp"}]"#,
+    ));
+    assert_eq!(config.clusters[0].cluster_type, ClusterType::StrictDns);
+    assert_eq!(config.clusters[0].protocol, ClusterProtocol::Tcp);
+    assert_eq!(config.clusters[1].cluster_type, ClusterType::Static);
+    let json = config.to_json();
+    assert!(
+        json.contains(r#""type":"STRICT_DNS","protocol":"TCP""#),
+        "{json}"
+    );
+    assert_eq!(
+        ListenerProtocol::parse("TURN-UDP").map(|p| p.as_str()),
+        Some("TURN-UDP")
+    );
+    assert!(ListenerProtocol::TurnTls.needs_cert() && !ListenerProtocol::Udp.is_turn());
+}
+
+#[test]
+fn keys_match_case_insensitively_but_underscores_matter() {
+    let config = parse_ok(
+        r#"
+Version: v1
+ADMIN:
+  Name: n
+  logLevel: all:DEBUG
+  metricsEndpoint: "http://:9999"
+  Metrics_Endpoint: "http://:8080/metrics"
+Auth:
+  Type: static
+  Credentials: {username: u, password: p}
+Listeners:
+  - NAME: l
+    Port: 1234
+"#,
+    );
+    assert_eq!(config.admin.name, "n");
+    assert_eq!(config.admin.loglevel, "all:DEBUG");
+    assert_eq!(config.admin.metrics_endpoint, "http://:8080/metrics");
+    assert_eq!(config.listeners[0].port, 1234);
+}
+
+#[test]
+fn unknown_keys_and_nulls_are_ignored() {
+    let config = parse_ok(
+        r#"
+version: v1alpha1
+extra: {anything: [1, 2]}
+admin:
+  name: null
+  loglevel: ~
+  healthcheck_endpoint: null
+  future_field: 7
+auth:
+  credentials: {username: u, password: p}
+listeners:
+  - name: l
+    min_relay_port: 10000
+    max_relay_port: 20000
+    address: null
+    port: null
+"#,
+    );
+    assert_eq!(config.version, "v1");
+    assert_eq!(config.admin.name, "default-stunnerd");
+    assert_eq!(
+        config.admin.healthcheck_endpoint.as_deref(),
+        Some("http://:8086")
+    );
+    assert_eq!(config.listeners[0].address, "0.0.0.0");
+    assert_eq!(config.listeners[0].port, 3478);
+}
+
+#[test]
+fn version_must_be_v1_or_v1alpha1() {
+    for version in ["v2", "V1", "", "v1beta1"] {
+        let text = format!(r#"{{"version": "{version}", {STATIC_AUTH}}}"#);
+        let e = parse(&text).expect_err(version);
+        assert_eq!(e.field, "version");
+        assert_eq!(e.value, version);
+    }
+    let e = parse("{}").expect_err("no version");
+    assert_eq!(e.field, "version");
+    assert_eq!(parse("").expect_err("empty").field, "version");
+    assert_eq!(parse("version: 1").expect_err("number").field, "version");
+    let config = parse_ok(&format!(r#"{{"version": "v1alpha1", {STATIC_AUTH}}}"#));
+    assert_eq!(config.version, "v1");
+}
+
+#[test]
+fn env_is_expanded_everywhere_but_credentials() {
+    let text = r#"
+version: v1
+admin:
+  name: $NAME
+  loglevel: "${LEVEL}"
+auth:
+  credentials:
+    username: $USER
+    password: pa$$w${0}rd$HOME
+listeners:
+  - name: l-${NAME}
+    address: $STUNNER_ADDR
+    routes: ["$UNSET_ROUTE", c]
+"#;
+    let env = with_env(&[
+        ("NAME", "gw"),
+        ("LEVEL", "all:TRACE"),
+        ("USER", "expanded-user"),
+        ("HOME", "/root"),
+        ("STUNNER_ADDR", "192.0.2.7"),
+    ]);
+    let config = parse_config_with_env(text, &env).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.admin.name, "gw");
+    assert_eq!(config.admin.loglevel, "all:TRACE");
+    assert_eq!(config.auth.credentials["username"], "$USER");
+    assert_eq!(config.auth.credentials["password"], "pa$$w${0}rd$HOME");
+    assert_eq!(config.listeners[0].name, "l-gw");
+    assert_eq!(config.listeners[0].address, "192.0.2.7");
+    // An unset variable is empty.
+    assert_eq!(config.listeners[0].routes, ["", "c"]);
+}
+
+#[test]
+fn unset_stunner_addr_falls_back_to_the_default_address() {
+    let text = json_with(r#""listeners": [{"name": "l", "address": "$STUNNER_ADDR"}]"#);
+    assert_eq!(parse_ok(&text).listeners[0].address, "0.0.0.0");
+}
+
+#[test]
+fn stunner_port_defaults_from_public_port_or_3478() {
+    let text = "version: v1\nauth: {credentials: {username: u, password: p}}\n\
+                listeners:\n  - {name: a, port: $STUNNER_PORT}\n  - {name: b, port: \"${STUNNER_PORT}\"}\n";
+    let cases: &[(&[(&str, &str)], u16)] = &[
+        (&[], 3478),
+        (&[("STUNNER_PORT", "4000")], 4000),
+        (
+            &[("STUNNER_PORT", "4000"), ("STUNNER_PUBLIC_PORT", "5000")],
+            4000,
+        ),
+        (
+            &[("STUNNER_PORT", "abc"), ("STUNNER_PUBLIC_PORT", "5000")],
+            5000,
+        ),
+        (
+            &[("STUNNER_PORT", ""), ("STUNNER_PUBLIC_PORT", "5001")],
+            5001,
+        ),
+        (&[("STUNNER_PUBLIC_PORT", "5002")], 5002),
+        (&[("STUNNER_PUBLIC_PORT", "x")], 3478),
+        (&[("STUNNER_PORT", "-1")], 3478),
+    ];
+    for (vars, want) in cases {
+        let config = parse_config_with_env(text, &with_env(vars))
+            .unwrap_or_else(|e| panic!("{vars:?}: {e}"));
+        assert_eq!(config.listeners[0].port, *want, "{vars:?}");
+        assert_eq!(config.listeners[1].port, *want, "{vars:?}");
+    }
+}
+
+#[test]
+fn listener_ports_accept_numbers_and_numeric_strings() {
+    let cases: &[(&str, Result<u16, ()>)] = &[
+        ("3479", Ok(3479)),
+        ("\"3480\"", Ok(3480)),
+        ("1", Ok(1)),
+        ("65535", Ok(65535)),
+        ("0", Ok(3478)),
+        ("\"\"", Ok(3478)),
+        ("65536", Err(())),
+        ("70000", Err(())),
+        ("-1", Err(())),
+        ("\"http\"", Err(())),
+        ("34.5", Err(())),
+        ("true", Err(())),
+    ];
+    for (raw, want) in cases {
+        let text = json_with(&format!(
+            r#""listeners": [{{"name": "ok"}}, {{"name": "l", "port": {raw}}}]"#
+        ));
+        match (parse(&text), want) {
+            (Ok(config), Ok(port)) => assert_eq!(config.listeners[1].port, *port, "{raw}"),
+            (Err(e), Err(())) => {
+                assert_eq!(e.field, "listeners[1].port", "{raw}");
+                assert!(
+                    e.message.contains("must be") || e.message.contains("number"),
+                    "{e}"
+                );
+            }
+            (got, want) => panic!("port {raw}: got {got:?}, want {want:?}"),
+        }
+    }
+    let e = parse(&json_with(r#""listeners": [{"name": "l", "port": 70000}]"#)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        r#"invalid config: listeners[0].port = "70000": must be 1-65535: set a valid port, or leave it out for 3478"#
+    );
+}
+
+#[test]
+fn admin_fields_are_normalized() {
+    let config = parse_ok(&json_with(
+        r#""admin": {"user_quota": -5, "offload_engine": "xdp",
+                     "offload_interfaces": ["eth1", "eth0"], "healthcheck_endpoint": "",
+                     "license_config": {"key": "k", "hmac": "h"}}"#,
+    ));
+    assert_eq!(config.admin.user_quota, 0);
+    assert_eq!(config.admin.offload_engine, "XDP");
+    assert_eq!(config.admin.offload_interfaces, ["eth0", "eth1"]);
+    assert_eq!(config.admin.healthcheck_endpoint.as_deref(), Some(""));
+    assert!(config.admin.license_config.is_some());
+    for (raw, want) in [
+        ("none", "None"),
+        ("TC", "TC"),
+        ("AUTO", "Auto"),
+        ("", "None"),
+    ] {
+        let text = json_with(&format!(r#""admin": {{"offload_engine": "{raw}"}}"#));
+        assert_eq!(parse_ok(&text).admin.offload_engine, want);
+    }
+    let config = parse_ok(&json_with(r#""admin": {"user_quota": "7"}"#));
+    assert_eq!(config.admin.user_quota, 7);
+}
+
+/// Every user-fixable error names its field path and the value.
+#[test]
+fn validation_errors_name_the_field() {
+    let cert = pem_b64("CERTIFICATE");
+    let key = pem_b64("PRIVATE KEY");
+    let raw_pem = "-----BEGIN CERTIFICATE-----";
+    let cases: Vec<(String, &str, &str)> = vec![
+        (
+            json_with(r#""admin": {"offload_engine": "DPDK"}"#),
+            "admin.offload_engine",
+            "DPDK",
+        ),
+        (
+            json_with(r#""admin": {"metrics_endpoint": "ftp://x"}"#),
+            "admin.metrics_endpoint",
+            "ftp://x",
+        ),
+        (
+            json_with(r#""admin": {"healthcheck_endpoint": "http://host.example:8086"}"#),
+            "admin.healthcheck_endpoint",
+            "http://host.example:8086",
+        ),
+        (json_with(r#""admin": {"name": 5}"#), "admin.name", "5"),
+        (
+            json_with(r#""admin": {"user_quota": "lots"}"#),
+            "admin.user_quota",
+            "lots",
+        ),
+        (
+            json_with(r#""admin": {"license_config": "key"}"#),
+            "admin.license_config",
+            "key",
+        ),
+        (json_with(r#""admin": []"#), "admin", "[]"),
+        (
+            r#"{"version": "v1", "auth": {"credentials": {"username": "u"}}}"#.into(),
+            "auth.credentials.password",
+            "",
+        ),
+        (
+            r#"{"version": "v1", "auth": {"credentials": {"password": "p"}}}"#.into(),
+            "auth.credentials.username",
+            "",
+        ),
+        (
+            r#"{"version": "v1"}"#.into(),
+            "auth.credentials.username",
+            "",
+        ),
+        (
+            r#"{"version": "v1", "auth": {"type": "ephemeral", "credentials": {"username": "u"}}}"#
+                .into(),
+            "auth.credentials.secret",
+            "",
+        ),
+        (
+            r#"{"version": "v1", "auth": {"credentials": {"username": "u", "password": 1234}}}"#
+                .into(),
+            "auth.credentials.password",
+            "(a number)",
+        ),
+        (
+            json_with(r#""listeners": [{"protocol": "TURN-UDP"}]"#),
+            "listeners[0].name",
+            "",
+        ),
+        (
+            json_with(r#""listeners": [{"name": "a"}, {"name": "b"}, {"name": "a"}]"#),
+            "listeners[2].name",
+            "a",
+        ),
+        (
+            json_with(r#""listeners": [{"name": "a", "protocol": "QUIC"}]"#),
+            "listeners[0].protocol",
+            "QUIC",
+        ),
+        (
+            json_with(r#""listeners": [{"name": "a"}, {"name": "b", "address": "my-host"}]"#),
+            "listeners[1].address",
+            "my-host",
+        ),
+        (
+            json_with(r#""listeners": [{"name": "a", "address": "[::1]"}]"#),
+            "listeners[0].address",
+            "[::1]",
+        ),
+        (
+            json_with(r#""listeners": [{"name": "a", "address": "__node_address_placeholder"}]"#),
+            "listeners[0].address",
+            "__node_address_placeholder",
+        ),
+        (
+            json_with(r#""listeners": [{"name": "a", "protocol": "TURN-TLS"}]"#),
+            "listeners[0].cert",
+            "",
+        ),
+        (
+            json_with(&format!(
+                r#""listeners": [{{"name": "a", "protocol": "TURN-DTLS", "cert": "{cert}"}}]"#
+            )),
+            "listeners[0].key",
+            "",
+        ),
+        (
+            json_with(&format!(
+                r#""listeners": [{{"name": "a", "protocol": "TLS", "cert": "{raw_pem}", "key": "{key}"}}]"#
+            )),
+            "listeners[0].cert",
+            raw_pem,
+        ),
+        (
+            json_with(&format!(
+                r#""listeners": [{{"name": "a", "protocol": "DTLS", "cert": "{cert}", "key": "not base64!"}}]"#
+            )),
+            "listeners[0].key",
+            "<11 bytes>",
+        ),
+        (
+            json_with(&format!(
+                r#""listeners": [{{"name": "a", "protocol": "TURN-TLS", "cert": "aGVsbG8=", "key": "{key}"}}]"#
+            )),
+            "listeners[0].cert",
+            "aGVsbG8=",
+        ),
+        (
+            json_with(r#""listeners": [{"name": "a", "routes": "c"}]"#),
+            "listeners[0].routes",
+            "c",
+        ),
+        (
+            json_with(r#""listeners": [{"name": "a", "routes": ["c", 3]}]"#),
+            "listeners[0].routes[1]",
+            "3",
+        ),
+        (
+            json_with(r#""listeners": {"name": "a"}"#),
+            "listeners",
+            r#"{"name":"a"}"#,
+        ),
+        (json_with(r#""listeners": ["a"]"#), "listeners[0]", "a"),
+        (
+            json_with(r#""clusters": [{"endpoints": []}]"#),
+            "clusters[0].name",
+            "",
+        ),
+        (
+            json_with(r#""clusters": [{"name": "c"}, {"name": "c"}]"#),
+            "clusters[1].name",
+            "c",
+        ),
+        (
+            json_with(r#""clusters": [{"name": "c", "type": "EDS"}]"#),
+            "clusters[0].type",
+            "EDS",
+        ),
+        (
+            json_with(r#""clusters": [{"name": "c", "protocol": "SCTP"}]"#),
+            "clusters[0].protocol",
+            "SCTP",
+        ),
+        (
+            json_with(r#""clusters": [{"name": "c", "endpoints": ["10.0.0.1", "10.0.0.0/33"]}]"#),
+            "clusters[0].endpoints[1]",
+            "10.0.0.0/33",
+        ),
+        (
+            json_with(r#""clusters": [{"name": "c", "endpoints": ["media.svc"]}]"#),
+            "clusters[0].endpoints[0]",
+            "media.svc",
+        ),
+        ("[1, 2]".into(), "config", "[1,2]"),
+    ];
+    for (text, field, value) in cases {
+        match parse(&text) {
+            Ok(config) => panic!("{field}: expected an error, got {config:?}"),
+            Err(e) => {
+                assert_eq!(e.field, field, "{e}\n{text}");
+                assert_eq!(e.value, value, "{e}\n{text}");
+                assert!(!e.message.is_empty());
+                let shown = e.to_string();
+                assert!(
+                    shown.starts_with(&format!("invalid config: {field} = ")),
+                    "{shown}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn syntax_errors_say_so() {
+    let e = parse("version: v1\nadmin: [unclosed\n").unwrap_err();
+    assert_eq!(e.field, "");
+    assert!(
+        e.message.contains("YAML") && e.message.contains("JSON"),
+        "{e}"
+    );
+    assert!(e.to_string().starts_with("invalid config: could not parse"));
+}
+
+#[test]
+fn tls_listener_with_base64_pem_validates() {
+    let text = json_with(&format!(
+        r#""listeners": [{{"name": "t", "protocol": "turn-tls", "cert": "{}", "key": "{}"}}]"#,
+        pem_b64("CERTIFICATE"),
+        pem_b64("EC PRIVATE KEY")
+    ));
+    let config = parse_ok(&text);
+    assert_eq!(config.listeners[0].protocol, ListenerProtocol::TurnTls);
+    // A plain UDP listener does not need a cert.
+    parse_ok(&json_with(
+        r#""listeners": [{"name": "u", "protocol": "UDP"}]"#,
+    ));
+}
+
+#[test]
+fn localhost_address_maps_to_loopback() {
+    let config = parse_ok(&json_with(
+        r#""listeners": [{"name": "l", "address": "localhost"}]"#,
+    ));
+    assert_eq!(config.listeners[0].address, "127.0.0.1");
+    let config = parse_ok(&json_with(
+        r#""listeners": [{"name": "l", "address": "fd00::1"}]"#,
+    ));
+    assert_eq!(config.listeners[0].address, "fd00::1");
+}
+
+#[test]
+fn routes_and_endpoints_are_sorted_but_entries_stay_in_order() {
+    let config = parse_ok(&json_with(
+        r#""listeners": [{"name": "z", "routes": ["b", "a"]}, {"name": "a"}],
+           "clusters": [{"name": "y", "endpoints": ["10.0.0.2", "10.0.0.1", "::1"]}, {"name": "x"}]"#,
+    ));
+    assert_eq!(config.listeners[0].name, "z");
+    assert_eq!(config.listeners[0].routes, ["a", "b"]);
+    assert_eq!(config.clusters[0].name, "y");
+    assert_eq!(
+        config.clusters[0].endpoints,
+        ["10.0.0.1", "10.0.0.2", "::1"]
+    );
+}
+
+#[test]
+fn strict_dns_endpoints_are_not_validated() {
+    let config = parse_ok(&json_with(
+        r#""clusters": [{"name": "d", "type": "STRICT_DNS", "endpoints": ["media.default.svc", "not an ip"]}]"#,
+    ));
+    assert_eq!(config.clusters[0].endpoints.len(), 2);
+}
+
+#[test]
+fn static_endpoints_parse_every_form() {
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let cases = [
+        ("10.0.0.1", ip("10.0.0.1"), 32, 1, 65535),
+        ("10.0.0.0/8", ip("10.0.0.0"), 8, 1, 65535),
+        ("10.1.2.3/8", ip("10.0.0.0"), 8, 1, 65535),
+        ("0.0.0.0/0", ip("0.0.0.0"), 0, 1, 65535),
+        ("10.0.0.1:<5000-6000>", ip("10.0.0.1"), 32, 5000, 6000),
+        (
+            "10.0.8.0/24:<10000-20000>",
+            ip("10.0.8.0"),
+            24,
+            10000,
+            20000,
+        ),
+        ("fd00::1", ip("fd00::1"), 128, 1, 65535),
+        ("fd00::/64:<1-1024>", ip("fd00::"), 64, 1, 1024),
+        ("::/0", ip("::"), 0, 1, 65535),
+        ("::1:<0-0>", ip("::1"), 128, 0, 0),
+        ("::ffff:10.0.0.1", ip("10.0.0.1"), 32, 1, 65535),
+        ("::ffff:10.0.0.0/104", ip("10.0.0.0"), 8, 1, 65535),
+        ("10.0.0.1:<6000-5000>", ip("10.0.0.1"), 32, 6000, 5000),
+        ("10.0.0.1:<5000-99999>", ip("10.0.0.1"), 32, 5000, 65535),
+    ];
+    for (input, addr, prefix_len, port_min, port_max) in cases {
+        let want = StaticEndpoint {
+            addr,
+            prefix_len,
+            port_min,
+            port_max,
+        };
+        assert_eq!(StaticEndpoint::parse(input), Ok(want), "{input}");
+    }
+    for bad in [
+        "",
+        "10.0.0",
+        "10.0.0.1/33",
+        "fd00::/129",
+        "10.0.0.1/",
+        "10.0.0.1/-1",
+        "10.0.0.1:5000",
+        "10.0.0.1:<5000>",
+        "10.0.0.1:<a-b>",
+        "10.0.0.1:<70000-80000>",
+        "[::1]",
+        "fe80::1%eth0",
+        "example.com",
+        "010.0.0.1",
+    ] {
+        assert!(
+            StaticEndpoint::parse(bad).is_err(),
+            "{bad:?} should not parse"
+        );
+    }
+}
+
+#[test]
+fn static_endpoints_match_ip_and_port() {
+    let sock = |s: &str| s.parse::<SocketAddr>().unwrap();
+    let net = StaticEndpoint::parse("10.0.8.0/24:<10000-20000>").unwrap();
+    assert!(net.contains_ip("10.0.8.77".parse().unwrap()));
+    assert!(!net.contains_ip("10.0.9.1".parse().unwrap()));
+    assert!(net.contains_ip("::ffff:10.0.8.1".parse().unwrap()));
+    assert!(net.contains(sock("10.0.8.1:10000")));
+    assert!(net.contains(sock("10.0.8.1:20000")));
+    assert!(!net.contains(sock("10.0.8.1:9999")));
+    assert!(!net.contains(sock("10.0.8.1:20001")));
+    assert!(net.contains(sock("[::ffff:10.0.8.1]:15000")));
+
+    let any_v4 = StaticEndpoint::parse("0.0.0.0/0").unwrap();
+    assert!(any_v4.contains(sock("203.0.113.9:1")));
+    assert!(!any_v4.contains(sock("203.0.113.9:0")));
+    assert!(!any_v4.contains_ip("2001:db8::1".parse().unwrap()));
+
+    let v6 = StaticEndpoint::parse("fd00::/64:<1-1024>").unwrap();
+    assert!(v6.contains(sock("[fd00::abcd]:443")));
+    assert!(!v6.contains(sock("[fd00::abcd]:1025")));
+    assert!(!v6.contains(sock("[fd00:0:0:1::1]:443")));
+    assert!(!v6.contains_ip("10.0.0.1".parse().unwrap()));
+
+    let empty = StaticEndpoint::parse("10.0.0.1:<6000-5000>").unwrap();
+    assert!(!empty.contains(sock("10.0.0.1:5500")));
+}
+
+#[test]
+fn turn_uri_forms() {
+    let cases = [
+        (
+            "turn://user:pass@127.0.0.1:3478?transport=udp",
+            ListenerProtocol::TurnUdp,
+            "127.0.0.1",
+            3478,
+        ),
+        (
+            "turn://user:pass@127.0.0.1",
+            ListenerProtocol::TurnUdp,
+            "127.0.0.1",
+            3478,
+        ),
+        (
+            "turn://user:pass@10.0.0.1:3479?transport=tcp",
+            ListenerProtocol::TurnTcp,
+            "10.0.0.1",
+            3479,
+        ),
+        (
+            "turns://user:pass@10.0.0.1?transport=tcp",
+            ListenerProtocol::TurnTls,
+            "10.0.0.1",
+            443,
+        ),
+        (
+            "turns://user:pass@10.0.0.1?transport=udp",
+            ListenerProtocol::TurnDtls,
+            "10.0.0.1",
+            443,
+        ),
+        (
+            "turns://user:pass@10.0.0.1",
+            ListenerProtocol::TurnDtls,
+            "10.0.0.1",
+            443,
+        ),
+        (
+            "turn://user:pass@10.0.0.1?transport=tls",
+            ListenerProtocol::TurnTls,
+            "10.0.0.1",
+            443,
+        ),
+        (
+            "turn://user:pass@10.0.0.1?transport=DTLS",
+            ListenerProtocol::TurnDtls,
+            "10.0.0.1",
+            443,
+        ),
+        (
+            "turns://user:pass@10.0.0.1:5349?transport=tls",
+            ListenerProtocol::TurnTls,
+            "10.0.0.1",
+            5349,
+        ),
+        (
+            "TURN://user:pass@[::1]:3478",
+            ListenerProtocol::TurnUdp,
+            "::1",
+            3478,
+        ),
+        (
+            "turn://user:pass@:3478",
+            ListenerProtocol::TurnUdp,
+            "",
+            3478,
+        ),
+        (
+            "turn://user:pass@localhost:",
+            ListenerProtocol::TurnUdp,
+            "localhost",
+            3478,
+        ),
+    ];
+    for (uri, protocol, host, port) in cases {
+        let parsed = parse_turn_uri(uri).unwrap_or_else(|e| panic!("{uri}: {e}"));
+        assert_eq!(parsed.protocol, protocol, "{uri}");
+        assert_eq!(parsed.host, host, "{uri}");
+        assert_eq!(parsed.port, port, "{uri}");
+        assert_eq!(parsed.username, "user");
+        assert_eq!(parsed.password, "pass");
+    }
+    let tricky = parse_turn_uri("turn://us%40er:p%3Aa:ss@10.0.0.1").unwrap();
+    assert_eq!(tricky.username, "us@er");
+    assert_eq!(tricky.password, "p:a:ss");
+}
+
+#[test]
+fn turn_uri_errors_name_turn_uri_and_hide_the_password() {
+    for bad in [
+        "turn://127.0.0.1:3478",
+        "turn://user@127.0.0.1:3478",
+        "turn://user:@127.0.0.1:3478",
+        "turn://:secret@127.0.0.1:3478",
+        "stun://user:secret@127.0.0.1",
+        "turn:user:secret@127.0.0.1",
+        "turn://user:secret@127.0.0.1?transport=sctp",
+        "turn://user:secret@127.0.0.1:99999",
+        "turn://user:secret@127.0.0.1:http",
+        "turn://user:secret@[::1",
+        "turn://user:sec%zzret@127.0.0.1",
+        "",
+    ] {
+        let e = parse_turn_uri(bad).expect_err(bad);
+        assert_eq!(e.field, "TURN-URI", "{bad}");
+        assert!(!e.to_string().contains("secret"), "{e}");
+        assert!(!e.message.is_empty());
+    }
+    let e = parse_turn_uri("turn://127.0.0.1:3478").unwrap_err();
+    assert!(e.message.contains("username/password must be set"), "{e}");
+}
+
+#[test]
+fn turn_uri_builds_the_default_config() {
+    let config = StunnerConfig::from_turn_uri("turn://user1:pa$s@127.0.0.1:3478?transport=udp")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.version, "v1");
+    assert_eq!(config.admin.name, "default-stunnerd");
+    assert_eq!(config.admin.loglevel, "all:INFO");
+    assert_eq!(config.admin.healthcheck_endpoint.as_deref(), Some(""));
+    assert_eq!(config.admin.metrics_endpoint, "");
+    assert_eq!(config.auth.auth_type, AuthType::Static);
+    assert_eq!(config.auth.realm, "stunner.l7mp.io");
+    assert_eq!(config.auth.credentials["username"], "user1");
+    assert_eq!(config.auth.credentials["password"], "pa$s");
+    let listener = &config.listeners[0];
+    assert_eq!(listener.name, "default-listener");
+    assert_eq!(listener.protocol, ListenerProtocol::TurnUdp);
+    assert_eq!(listener.address, "127.0.0.1");
+    assert_eq!(listener.port, 3478);
+    assert_eq!(listener.routes, ["allow-any"]);
+    let cluster = &config.clusters[0];
+    assert_eq!(cluster.name, "allow-any");
+    assert_eq!(cluster.cluster_type, ClusterType::Static);
+    assert_eq!(cluster.endpoints, ["0.0.0.0/0"]);
+    assert!(!config.is_zero());
+
+    let tls = StunnerConfig::from_turn_uri("turns://u:p@10.0.0.1?transport=tcp").unwrap();
+    assert_eq!(tls.listeners[0].protocol, ListenerProtocol::TurnTls);
+    assert_eq!(tls.listeners[0].port, 443);
+    assert!(
+        tls.listeners[0].cert.is_empty(),
+        "the caller generates the certificate"
+    );
+
+    let local = StunnerConfig::from_turn_uri("turn://u:p@localhost").unwrap();
+    assert_eq!(local.listeners[0].address, "127.0.0.1");
+
+    let e = StunnerConfig::from_turn_uri("turn://u:secret@example.com:3478").unwrap_err();
+    assert_eq!(e.field, "TURN-URI");
+    assert!(e.message.contains("listeners[0].address"), "{e}");
+    assert!(!e.to_string().contains("secret"), "{e}");
+    assert_eq!(
+        StunnerConfig::from_turn_uri("turn://10.0.0.1")
+            .unwrap_err()
+            .field,
+        "TURN-URI"
+    );
+}
+
+#[test]
+fn zero_config_round_trips_and_is_zero() {
+    let zero = StunnerConfig::zero("default/stunnerd-host");
+    assert_eq!(zero.admin.name, "default/stunnerd-host");
+    assert_eq!(zero.auth.credentials["username"], "dummy-username");
+    assert_eq!(zero.auth.credentials["password"], "dummy-password");
+    assert!(zero.listeners.is_empty() && zero.clusters.is_empty());
+    assert!(zero.is_zero());
+
+    let reparsed = parse_ok(&zero.to_json());
+    assert_eq!(reparsed, zero);
+    assert!(reparsed.is_zero());
+
+    // The literal stunnerd's CDS sends as a delete.
+    let literal = r#"{"version":"v1","admin":{"name":"ns/gw"},"auth":{"type":"static","realm":"stunner.l7mp.io","credentials":{"username":"dummy-username","password":"dummy-password"}},"listeners":[],"clusters":[]}"#;
+    let deleted = parse_ok(literal);
+    assert!(deleted.is_zero());
+    assert_eq!(deleted, StunnerConfig::zero("ns/gw"));
+
+    // The log level is ignored; anything else makes it a real config.
+    let mut louder = zero.clone();
+    louder.admin.loglevel = "all:TRACE".into();
+    assert!(louder.is_zero());
+    let mut unvalidated = StunnerConfig::zero("x");
+    unvalidated.admin.offload_engine.clear();
+    unvalidated.admin.healthcheck_endpoint = None;
+    assert!(unvalidated.is_zero());
+    let mut with_listener = zero.clone();
+    with_listener.listeners.push(ListenerConfig {
+        name: "l".into(),
+        ..ListenerConfig::default()
+    });
+    assert!(!with_listener.is_zero());
+    let mut other_password = zero.clone();
+    other_password
+        .auth
+        .credentials
+        .insert("password".into(), "real".into());
+    assert!(!other_password.is_zero());
+    let mut no_health = zero;
+    no_health.admin.healthcheck_endpoint = Some(String::new());
+    assert!(!no_health.is_zero());
+}
+
+#[test]
+fn to_json_uses_stunnerd_keys_and_round_trips() {
+    let text = json_with(&format!(
+        r#""admin": {{"name": "gw", "metrics_endpoint": "http://:8080/metrics", "user_quota": 3,
+                     "healthcheck_endpoint": ""}},
+           "listeners": [{{"name": "l", "protocol": "turn-dtls", "public_address": "1.2.3.4",
+                          "public_port": 30478, "address": "10.0.0.1", "port": 3478,
+                          "cert": "{}", "key": "{}", "routes": ["c"]}}],
+           "clusters": [{{"name": "c", "endpoints": ["10.0.0.0/8"]}}]"#,
+        pem_b64("CERTIFICATE"),
+        pem_b64("PRIVATE KEY")
+    ));
+    let config = parse_ok(&text);
+    let json = config.to_json();
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["version"], "v1");
+    assert_eq!(value["admin"]["metrics_endpoint"], "http://:8080/metrics");
+    assert_eq!(value["admin"]["healthcheck_endpoint"], "");
+    assert_eq!(value["admin"]["user_quota"], 3);
+    assert_eq!(value["admin"]["offload_engine"], "None");
+    assert_eq!(value["auth"]["type"], "static");
+    assert_eq!(value["listeners"][0]["protocol"], "TURN-DTLS");
+    assert_eq!(value["listeners"][0]["public_port"], 30478);
+    assert_eq!(value["clusters"][0]["type"], "STATIC");
+    assert_eq!(value["clusters"][0]["protocol"], "UDP");
+    assert!(value["admin"].get("license_config").is_none());
+    assert_eq!(parse_ok(&json), config);
+}
+
+#[test]
+fn yaml_anchors_merge_keys_and_numeric_keys_work() {
+    let config = parse_ok(
+        r#"
+version: v1
+auth: {credentials: {username: u, password: p}}
+listeners:
+  - &base {name: a, protocol: TURN-TCP, port: 4000}
+  - <<: *base
+    name: b
+"#,
+    );
+    assert_eq!(config.listeners[1].name, "b");
+    assert_eq!(config.listeners[1].protocol, ListenerProtocol::TurnTcp);
+    assert_eq!(config.listeners[1].port, 4000);
+}
+
+#[test]
+fn http_endpoints_parse() {
+    let sock = |s: &str| s.parse::<SocketAddr>().unwrap();
+    let cases = [
+        ("http://:8086", 8086, "0.0.0.0:8086", "/"),
+        ("http://:8080/metrics", 8080, "0.0.0.0:8080", "/metrics"),
+        ("http://127.0.0.1:9000/x", 8080, "127.0.0.1:9000", "/x"),
+        ("http://0.0.0.0", 8086, "0.0.0.0:8086", "/"),
+        ("http://", 8080, "0.0.0.0:8080", "/"),
+        ("http://localhost:1234/", 8080, "127.0.0.1:1234", "/"),
+        ("HTTP://[::1]:9090/m?x=1", 8080, "[::1]:9090", "/m"),
+        ("http://[::]", 8086, "[::]:8086", "/"),
+        ("http://10.0.0.1:/a/b", 8080, "10.0.0.1:8080", "/a/b"),
+    ];
+    for (url, default_port, addr, path) in cases {
+        let endpoint =
+            parse_http_endpoint(url, default_port).unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(endpoint.addr, sock(addr), "{url}");
+        assert_eq!(endpoint.path, path, "{url}");
+    }
+    for bad in [
+        "",
+        ":8080",
+        "0.0.0.0:8080",
+        "https://:8080",
+        "http://example.com:80",
+        "http://::1:8080",
+        "http://[::1:8080",
+        "http://:99999",
+        "http://:80a",
+        "http://user@:8080",
+    ] {
+        let e = parse_http_endpoint(bad, 8080).expect_err(bad);
+        assert!(e.contains("http://"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn errors_display_field_value_and_fix() {
+    let e = ConfigError::new("listeners[1].address", "my-host", "must be an IP");
+    assert_eq!(
+        e.to_string(),
+        r#"invalid config: listeners[1].address = "my-host": must be an IP"#
+    );
+    let boxed: Box<dyn std::error::Error> = Box::new(e);
+    assert!(boxed.to_string().contains("listeners[1]"));
+}
+
+#[test]
+fn hostile_input_never_panics() {
+    let inputs = [
+        "\0",
+        "{",
+        "- - - -",
+        "version: v1\nlisteners: [[[]]]",
+        "version: v1\nauth: {credentials: [1]}",
+        "version: v1\nauth: {credentials: {username: {a: b}}}",
+        "version: v1\nlisteners: [{name: x, port: 1e400}]",
+        "version: v1\nlisteners: [{name: x, port: 18446744073709551616}]",
+        "version: v1\nclusters: [{name: c, endpoints: [\":<1-2>\", \"/\", \"::/:<-1>\"]}]",
+        "version: !!binary aGVsbG8=",
+        "? [a, b]\n: c",
+        "$$$${{{}}}${",
+        "version: v1\nadmin: {metrics_endpoint: \"http://[\"}",
+        "\u{feff}version: v1",
+        "version: \"\u{1F600}\"",
+    ];
+    for input in inputs {
+        let _ = parse(input);
+        let _ = parse_turn_uri(input);
+        let _ = parse_http_endpoint(input, 1);
+        let _ = StaticEndpoint::parse(input);
+        let _ = StunnerConfig::from_turn_uri(input);
+    }
+}
