@@ -140,7 +140,6 @@ impl Harness {
             relay,
             peer.parse().unwrap(),
             &mut buf,
-            payload.len(),
             &mut self.out,
         );
         let bytes = match &action {

@@ -169,10 +169,13 @@ mod tests {
         }
     }
 
+    /// A spec, the default it yields, and the levels of some scopes.
+    type SpecCase = (&'static str, Level, &'static [(&'static str, Level)]);
+
     #[test]
     fn spec_is_applied_left_to_right() {
         // (spec, default, [(scope, level)])
-        let cases: &[(&str, Level, &[(&str, Level)])] = &[
+        let cases: &[SpecCase] = &[
             ("", Level::Info, &[("turn", Level::Info)]),
             ("all:INFO", Level::Info, &[("turn", Level::Info)]),
             (

@@ -637,7 +637,13 @@ fn syntax_errors_say_so() {
     let e = parse("version: v1\nadmin: [unclosed\n").unwrap_err();
     assert_eq!(e.field, "");
     assert!(
-        e.message.contains("YAML") && e.message.contains("JSON"),
+        e.message.contains("YAML") && e.message.contains("line 2"),
+        "{e}"
+    );
+    assert!(!e.message.contains("JSON"), "{e}");
+    let e = parse("{\"version\" \"v1\"}").unwrap_err();
+    assert!(
+        e.message.starts_with("could not parse config as JSON"),
         "{e}"
     );
     assert!(e.to_string().starts_with("invalid config: could not parse"));
@@ -1104,4 +1110,19 @@ fn hostile_input_never_panics() {
         let _ = StaticEndpoint::parse(input);
         let _ = StunnerConfig::from_turn_uri(input);
     }
+}
+
+#[test]
+fn odd_but_valid_documents_parse() {
+    // Keys differing only in case: the last in byte order wins, as after sigs.k8s.io/yaml.
+    let config = parse_ok(&json_with(
+        r#""admin": {"logLevel": "x:INFO", "loglevel": "y:INFO", "LOGLEVEL": null}"#,
+    ));
+    assert_eq!(config.admin.loglevel, "y:INFO");
+    // JSON with tabs, which YAML refuses, goes through the JSON parser.
+    let tabbed = "{\n\t\"version\":\t\"v1\",\n\t\"auth\": {\"credentials\": {\"username\": \"u\", \"password\": \"p\"}}}";
+    assert_eq!(parse_ok(tabbed).version, "v1");
+    // A UTF-8 byte order mark is skipped.
+    let bom = "\u{feff}version: v1\nauth: {credentials: {username: u, password: p}}";
+    assert_eq!(parse_ok(bom).version, "v1");
 }

@@ -368,10 +368,14 @@ async fn relay_loop(shard: ShardRef, relay: RelayId, socket: Rc<UdpSocket>) {
             let mut guard = shard.borrow_mut();
             let s = &mut *guard;
             let snap: &Snapshot = s.cache.load();
-            match s
-                .engine
-                .handle_peer(Instant::now(), snap, relay, peer, &mut buf, len, &mut out)
-            {
+            match s.engine.handle_peer(
+                Instant::now(),
+                snap,
+                relay,
+                peer,
+                &mut buf[..PEER_HEADROOM + len],
+                &mut out,
+            ) {
                 PeerAction::Drop(_) => None,
                 PeerAction::ToClient {
                     listener,

@@ -931,7 +931,7 @@ impl Engine {
     }
 
     /// Handles a datagram from `peer` on relay socket `relay`. The payload is
-    /// `buf[PEER_HEADROOM..PEER_HEADROOM + len]`; the first `PEER_HEADROOM` bytes are free.
+    /// `buf[PEER_HEADROOM..]`; the first `PEER_HEADROOM` bytes are free for framing.
     pub fn handle_peer(
         &mut self,
         now: Instant,
@@ -939,9 +939,9 @@ impl Engine {
         relay: RelayId,
         peer: SocketAddr,
         buf: &mut [u8],
-        len: usize,
         out: &mut [u8],
     ) -> PeerAction {
+        let len = buf.len().saturating_sub(PEER_HEADROOM);
         let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
         let Some(alloc) = self
             .slots

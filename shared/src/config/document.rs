@@ -96,6 +96,7 @@ fn shell_name(s: &str) -> (&str, usize) {
 /// Parses YAML (JSON being YAML) into a JSON value, falling back to a JSON parser for JSON the
 /// YAML parser refuses, as `sigs.k8s.io/yaml` callers in stunnerd do.
 pub(super) fn parse_document(text: &str) -> Result<Value, ConfigError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let yaml_error = match serde_norway::from_str::<serde_norway::Value>(text) {
         Ok(mut yaml) => {
             // YAML merge keys (`<<: *anchor`), which go-yaml applies.
@@ -108,13 +109,15 @@ pub(super) fn parse_document(text: &str) -> Result<Value, ConfigError> {
         Err(e) => e.to_string(),
     };
     serde_json::from_str::<Value>(text).map_err(|json_error| {
+        let why = if text.trim_start().starts_with('{') {
+            format!("could not parse config as JSON ({json_error}) or as YAML ({yaml_error})")
+        } else {
+            format!("could not parse config as YAML ({yaml_error})")
+        };
         ConfigError::new(
             "",
             "",
-            format!(
-                "could not parse config as YAML ({yaml_error}) or as JSON ({json_error}): fix \
-                 the syntax at the reported line and column"
-            ),
+            format!("{why}: fix the syntax at the reported line and column"),
         )
     })
 }
@@ -140,9 +143,9 @@ pub(super) fn literal_credentials(doc: &Value) -> Option<BTreeMap<String, String
 /// of several matches the last wins. The map is in byte order, as `sigs.k8s.io/yaml` emits it.
 fn lookup<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     map.iter()
-        .filter(|(k, v)| k.eq_ignore_ascii_case(key) && !v.is_null())
+        .rev()
+        .find(|(k, v)| k.eq_ignore_ascii_case(key) && !v.is_null())
         .map(|(_, v)| v)
-        .last()
 }
 
 /// A value as shown in an error: strings as written, everything else as JSON.

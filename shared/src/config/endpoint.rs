@@ -69,8 +69,11 @@ impl StaticEndpoint {
     }
 }
 
+/// An inclusive `(min, max)` port range.
+type PortRange = (u16, u16);
+
 /// Splits a trailing `:<MIN-MAX>` off (stunnerd's `^(.*):<([0-9]+)-([0-9]+)>$`).
-fn split_port_range(s: &str) -> Result<(&str, Option<(u16, u16)>), String> {
+fn split_port_range(s: &str) -> Result<(&str, Option<PortRange>), String> {
     let Some(body) = s.strip_suffix('>') else {
         return Ok((s, None));
     };
