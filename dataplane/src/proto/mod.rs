@@ -557,13 +557,20 @@ impl Engine {
         if self.nonces.check(nonce.nonce(), unix_now, from) == NonceCheck::Stale {
             return Err(self.challenge(now, snap, from, 438));
         }
+        // RFC 8489 §9.2.4: a 401 to a request that used a valid nonce repeats that nonce, so
+        // the client sees its credentials, not the nonce, were refused and does not loop.
+        let refused = || {
+            let mut echoed = [0u8; nonce::NONCE_LEN];
+            echoed.copy_from_slice(nonce.nonce().as_bytes());
+            ErrorReply::new(401, "Unauthorized").with_challenge(snap.auth.realm(), &echoed)
+        };
         let credentials = match snap.auth.credentials(username.username(), unix_now) {
             Ok(c) => c,
             // auth type none: TURN is off; 400 so that clients do not retry (as stunnerd).
             Err(uturn_shared::auth::AuthError::TurnDisabled) => {
                 return Err(ErrorReply::new(400, "Bad Request"))
             }
-            Err(_) => return Err(self.challenge(now, snap, from, 401)),
+            Err(_) => return Err(refused()),
         };
         let integrity = LongTermKeyCredentials::new(
             username.username().to_owned(),
@@ -572,7 +579,7 @@ impl Engine {
         )
         .make_key(IntegrityAlgorithm::Sha1);
         if msg.validate_integrity_with_key(&integrity).is_err() {
-            return Err(self.challenge(now, snap, from, 401));
+            return Err(refused());
         }
         Ok(Authed {
             username: username.username().to_owned(),

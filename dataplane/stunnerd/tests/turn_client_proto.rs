@@ -1,0 +1,208 @@
+//! The real `stunnerd` binary against an independent TURN client: the `turn-client-proto` crate.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use turn_client_proto::api::{TurnClientApi, TurnConfig, TurnEvent, TurnRecvRet};
+use turn_client_proto::udp::TurnClientUdp;
+use turn_types::stun::TransportType;
+use turn_types::{Instant, TurnCredentials};
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_server(auth: &str) -> (Server, SocketAddr, std::path::PathBuf) {
+    let port = UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let path = std::env::temp_dir().join(format!("uturn-tcp-{}-{port}.yaml", std::process::id()));
+    std::fs::write(
+        &path,
+        format!(
+            "version: v1\nadmin: {{healthcheck_endpoint: \"\"}}\nauth: {auth}\nlisteners: [{{name: udp, address: 127.0.0.1, port: {port}, routes: [media]}}]\nclusters: [{{name: media, endpoints: [127.0.0.1]}}]\n"
+        ),
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_stunnerd"))
+        .args(["-c", &format!("file://{}", path.display())])
+        .env("UTURN_SHARDS", "1")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    (
+        Server(child),
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        path,
+    )
+}
+
+struct Driver {
+    client: TurnClientUdp,
+    socket: UdpSocket,
+    received: Vec<(SocketAddr, Vec<u8>)>,
+}
+
+/// The client's clock: nanoseconds since the first call.
+fn now() -> Instant {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+    Instant::from_nanos(epoch.elapsed().as_nanos() as i64)
+}
+
+impl Driver {
+    fn new(server: SocketAddr, user: &str, pass: &str) -> Driver {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let local = socket.local_addr().unwrap();
+        let client = TurnClientUdp::allocate(
+            local,
+            server,
+            TurnConfig::new(TurnCredentials::new(user, pass)),
+        );
+        Driver {
+            client,
+            socket,
+            received: Vec::new(),
+        }
+    }
+
+    /// Moves packets until an event matching `want` arrives (or 5 s pass).
+    fn until(&mut self, want: &dyn Fn(&TurnEvent) -> bool) -> Option<TurnEvent> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let local = self.socket.local_addr().unwrap();
+        let mut buf = [0u8; 2048];
+        while std::time::Instant::now() < deadline {
+            let t = now();
+            let _ = self.client.poll(t);
+            while let Some(transmit) = self.client.poll_transmit(t) {
+                self.socket
+                    .send_to(transmit.data.as_ref(), transmit.to)
+                    .unwrap();
+            }
+            while let Some(event) = self.client.poll_event() {
+                if want(&event) {
+                    return Some(event);
+                }
+            }
+            if let Ok((n, from)) = self.socket.recv_from(&mut buf) {
+                let transmit = stun_proto::agent::Transmit {
+                    data: &buf[..n],
+                    transport: TransportType::Udp,
+                    from,
+                    to: local,
+                };
+                if let TurnRecvRet::PeerData(data) = self.client.recv(transmit, now()) {
+                    self.received.push((data.peer, data.data().to_vec()));
+                }
+            }
+        }
+        None
+    }
+
+    fn send(&mut self, peer: SocketAddr, data: &[u8]) {
+        if let Some(transmit) = self
+            .client
+            .send_to(TransportType::Udp, peer, data.to_vec(), now())
+            .unwrap()
+        {
+            let transmit = transmit.build();
+            self.socket.send_to(&transmit.data, transmit.to).unwrap();
+        }
+    }
+}
+
+#[test]
+fn turn_client_proto_relays_both_ways_with_permission_and_channel() {
+    let (_server, addr, path) =
+        start_server("{type: static, credentials: {username: alice, password: s3cret}}");
+    let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+    peer.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let peer_addr = peer.local_addr().unwrap();
+    let mut d = Driver::new(addr, "alice", "s3cret");
+    let relay = match d.until(&|e| {
+        matches!(
+            e,
+            TurnEvent::AllocationCreated(..) | TurnEvent::AllocationCreateFailed(_)
+        )
+    }) {
+        Some(TurnEvent::AllocationCreated(_, relay)) => relay,
+        other => panic!("allocation failed: {other:?}"),
+    };
+    assert_eq!(relay.ip().to_string(), "127.0.0.1");
+
+    d.client
+        .create_permission(TransportType::Udp, peer_addr.ip(), now())
+        .unwrap();
+    assert!(matches!(
+        d.until(&|e| matches!(
+            e,
+            TurnEvent::PermissionCreated(..) | TurnEvent::PermissionCreateFailed(..)
+        )),
+        Some(TurnEvent::PermissionCreated(..))
+    ));
+    d.send(peer_addr, b"via send indication");
+    let mut buf = [0u8; 2048];
+    let (n, from) = peer.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"via send indication");
+    assert_eq!(from.port(), relay.port());
+
+    peer.send_to(b"via data indication", relay).unwrap();
+    d.until(&|_| false);
+    assert!(
+        d.received
+            .iter()
+            .any(|(p, data)| *p == peer_addr && data == b"via data indication"),
+        "{:?}",
+        d.received
+    );
+
+    d.client
+        .bind_channel(TransportType::Udp, peer_addr, now())
+        .unwrap();
+    assert!(matches!(
+        d.until(&|e| matches!(
+            e,
+            TurnEvent::ChannelCreated(..) | TurnEvent::ChannelCreateFailed(..)
+        )),
+        Some(TurnEvent::ChannelCreated(..))
+    ));
+    d.send(peer_addr, b"via channel");
+    let (n, _) = peer.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"via channel");
+    peer.send_to(b"channel back", relay).unwrap();
+    d.until(&|_| false);
+    assert!(d.received.iter().any(|(_, data)| data == b"channel back"));
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn turn_client_proto_wrong_password_fails_allocation() {
+    let (_server, addr, path) =
+        start_server("{type: static, credentials: {username: alice, password: s3cret}}");
+    let mut d = Driver::new(addr, "alice", "wrong");
+    let event = d.until(&|e| {
+        matches!(
+            e,
+            TurnEvent::AllocationCreated(..) | TurnEvent::AllocationCreateFailed(_)
+        )
+    });
+    // turn-client-proto ignores an unsigned error to a signed request (a 401 cannot be signed
+    // with credentials the server refused) and keeps retransmitting; what matters is that no
+    // allocation appears. The precise 401 is asserted in the engine tests and with uclient.
+    assert!(
+        !matches!(event, Some(TurnEvent::AllocationCreated(..))),
+        "{event:?}"
+    );
+    let _ = std::fs::remove_file(path);
+}
