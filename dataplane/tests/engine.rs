@@ -625,6 +625,11 @@ fn admission_verdict_is_rechecked_when_the_config_changes() {
     c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4001, PEER));
     let frame = [0x40, 0x01, 0x00, 0x01, b'z'];
     assert!(matches!(h.send(CLIENT, &frame), ClientAction::Relay { .. }));
+    let indication = send_indication(PEER, b"y");
+    assert!(matches!(
+        h.send(CLIENT, &indication),
+        ClientAction::Relay { .. }
+    ));
     let narrowed = config(STATIC_AUTH).replace("10.0.0.0/8:<5000-6000>", "10.0.0.0/8:<1-100>");
     h.snap = Snapshot::from_config(&parse_config(&narrowed).unwrap(), 2, &|_| Vec::new());
     assert_eq!(

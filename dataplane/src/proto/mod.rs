@@ -238,6 +238,8 @@ struct ClientKey {
 struct Permission {
     ip: IpAddr,
     expires_at: Instant,
+    /// Admission verdict for the last peer port seen: (generation, port, admitted).
+    verdict: Option<(u64, u16, bool)>,
 }
 
 struct Channel {
@@ -907,7 +909,7 @@ impl Engine {
         let Some(&slot) = self.by_client.get(&key) else {
             return ClientAction::Drop(self.dropped(DropReason::NoAllocation));
         };
-        let Some(alloc) = self.slots[slot as usize].as_ref() else {
+        let Some(alloc) = self.slots[slot as usize].as_mut() else {
             return ClientAction::Drop(self.dropped(DropReason::Internal));
         };
         let (Ok(peer), Some((offset, data))) = (
@@ -918,16 +920,10 @@ impl Engine {
         };
         let peer = peer.addr(msg.transaction_id());
         let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
-        // RFC 8656 §10.2: relayed only with a permission for the peer's IP.
-        if !has_permission(alloc, peer.ip(), now) {
-            return ClientAction::Drop(self.dropped(DropReason::NoPermission));
-        }
-        if snap
-            .route(&alloc.listener_name)
-            .and_then(|r| snap.admits(r, peer))
-            .is_none()
-        {
-            return ClientAction::Drop(self.dropped(DropReason::NotAdmitted));
+        // RFC 8656 §10.2: relayed only with a permission for the peer's IP (and, here, only
+        // to a peer address a routed cluster admits).
+        if let Err(reason) = permission_admits(alloc, snap, peer, now) {
+            return ClientAction::Drop(self.dropped(reason));
         }
         let start = offset + 4;
         ClientAction::Relay {
@@ -981,15 +977,8 @@ impl Engine {
         }
         // RFC 8656 §10.3: without a channel, a permission is needed, and a Data indication
         // carries the datagram.
-        if !has_permission(alloc, peer.ip(), now) {
-            return PeerAction::Drop(self.dropped(DropReason::NoPermission));
-        }
-        if snap
-            .route(&alloc.listener_name)
-            .and_then(|r| snap.admits(r, peer))
-            .is_none()
-        {
-            return PeerAction::Drop(self.dropped(DropReason::NotAdmitted));
+        if let Err(reason) = permission_admits(alloc, snap, peer, now) {
+            return PeerAction::Drop(self.dropped(reason));
         }
         self.indication_counter += 1;
         let txid = indication_txid(&self.config.nonce_key, self.indication_counter);
@@ -1076,11 +1065,42 @@ fn admitted(snap: &Snapshot, listener_name: &str, channel: &mut Channel) -> Opti
     }
 }
 
-fn has_permission(alloc: &Allocation, ip: IpAddr, now: Instant) -> bool {
-    alloc
+/// Whether a live permission covers `peer`'s IP and a routed cluster admits `peer` (IP and
+/// port); the verdict is cached on the permission until the generation or the port changes.
+fn permission_admits(
+    alloc: &mut Allocation,
+    snap: &Snapshot,
+    peer: SocketAddr,
+    now: Instant,
+) -> Result<(), DropReason> {
+    let listener_name = &alloc.listener_name;
+    let Some(permission) = alloc
         .permissions
-        .iter()
-        .any(|p| p.ip == ip && p.expires_at > now)
+        .iter_mut()
+        .find(|p| p.ip == peer.ip() && p.expires_at > now)
+    else {
+        return Err(DropReason::NoPermission);
+    };
+    let admitted = match permission.verdict {
+        Some((generation, port, admitted))
+            if generation == snap.generation && port == peer.port() =>
+        {
+            admitted
+        }
+        _ => {
+            let admitted = snap
+                .route(listener_name)
+                .and_then(|r| snap.admits(r, peer))
+                .is_some();
+            permission.verdict = Some((snap.generation, peer.port(), admitted));
+            admitted
+        }
+    };
+    if admitted {
+        Ok(())
+    } else {
+        Err(DropReason::NotAdmitted)
+    }
 }
 
 fn install_permission(alloc: &mut Allocation, ip: IpAddr, now: Instant) -> Result<(), ErrorReply> {
@@ -1096,6 +1116,7 @@ fn install_permission(alloc: &mut Allocation, ip: IpAddr, now: Instant) -> Resul
     alloc.permissions.push(Permission {
         ip,
         expires_at: now + PERMISSION_LIFETIME,
+        verdict: None,
     });
     Ok(())
 }
