@@ -45,6 +45,8 @@ pub fn listener_sockets_on_shard(udp_thread_num: usize, shards: usize, index: us
 struct RunningListener {
     id: ListenerId,
     spec: ListenerSpec,
+    /// The address every socket of this listener is bound to (all share it via SO_REUSEPORT).
+    local_addr: SocketAddr,
     sockets: Vec<Rc<UdpSocket>>,
     _tasks: Vec<Task<()>>,
 }
@@ -200,9 +202,13 @@ fn reconcile_listeners(shard: &ShardRef, snap: &Snapshot, setup: &ShardSetup) {
             setup.index,
             sockets.len()
         );
+        let Ok(local_addr) = sockets[0].local_addr() else {
+            continue;
+        };
         shard.borrow_mut().listeners.push(RunningListener {
             id,
             spec: spec.clone(),
+            local_addr,
             sockets,
             _tasks: tasks,
         });
@@ -385,17 +391,18 @@ async fn relay_loop(shard: ShardRef, relay: RelayId, socket: Rc<UdpSocket>) {
                     .listeners
                     .iter()
                     .find(|l| l.id == listener)
-                    .and_then(|l| l.sockets.first().cloned())
-                    .map(|socket| {
+                    .and_then(|l| {
+                        l.sockets
+                            .first()
+                            .map(|socket| (socket.clone(), l.local_addr))
+                    })
+                    .map(|(socket, local)| {
                         s.counters.relayed_to_client += 1;
-                        (socket, client, bytes)
+                        (socket, local, client, bytes)
                     }),
             }
         };
-        let Some((listener_socket, client, bytes)) = send else {
-            continue;
-        };
-        let Ok(local) = listener_socket.local_addr() else {
+        let Some((listener_socket, local, client, bytes)) = send else {
             continue;
         };
         let data = match bytes {
