@@ -40,6 +40,8 @@ pub enum LoadError {
     Read(PathBuf, std::io::Error),
     /// The config is invalid.
     Invalid(uturn_shared::config::ConfigError),
+    /// The config discovery service failed or sent an invalid config.
+    Cds(String),
     /// This origin is not implemented yet.
     Unsupported(String),
 }
@@ -49,26 +51,38 @@ impl std::fmt::Display for LoadError {
         match self {
             LoadError::Read(path, e) => write!(f, "cannot read config file {path:?}: {e}"),
             LoadError::Invalid(e) => write!(f, "{e}"),
-            LoadError::Unsupported(what) => write!(f, "{what}"),
+            LoadError::Cds(what) | LoadError::Unsupported(what) => write!(f, "{what}"),
         }
     }
 }
 
 impl std::error::Error for LoadError {}
 
-/// Loads one config from `origin` (no watching).
-pub fn load_once(origin: &ConfigOrigin) -> Result<StunnerConfig, LoadError> {
+/// Loads one config from `origin` (no watching); `id` (`<namespace>/<name>`) and `node` say
+/// which config to ask a CDS server for.
+pub fn load_once(
+    origin: &ConfigOrigin,
+    id: &str,
+    node: Option<&str>,
+) -> Result<StunnerConfig, LoadError> {
     match origin {
         ConfigOrigin::File(path) => {
             let text =
                 std::fs::read_to_string(path).map_err(|e| LoadError::Read(path.clone(), e))?;
             parse_config(&text).map_err(LoadError::Invalid)
         }
-        ConfigOrigin::Cds(url) => Err(LoadError::Unsupported(format!(
-            "config origin {url:?} (config discovery service) is not supported yet by uturn; use -c file://PATH or a turn:// URI"
-        ))),
+        ConfigOrigin::Cds(url) => {
+            let target = crate::cds::CdsTarget::new(url, id, node).map_err(LoadError::Cds)?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| LoadError::Cds(e.to_string()))?;
+            runtime
+                .block_on(crate::cds::fetch(&target))
+                .map_err(LoadError::Cds)
+        }
         ConfigOrigin::K8s => Err(LoadError::Unsupported(
-            "config origin \"k8s\" (CDS discovery in Kubernetes) is not supported yet by uturn; use -c file://PATH or a turn:// URI".into(),
+            "config origin \"k8s\" (finding the CDS server through the Kubernetes API) is not supported yet by uturn; give the CDS address instead: -c http://HOST:13478".into(),
         )),
     }
 }

@@ -6,7 +6,7 @@
 //! and re-check a cached verdict only when [`Snapshot::generation`] changes.
 
 use crate::auth::Authenticator;
-use crate::config::{ClusterType, ListenerProtocol, StaticEndpoint, StunnerConfig};
+use crate::config::{ClusterConfig, ClusterType, ListenerProtocol, StaticEndpoint, StunnerConfig};
 use arc_swap::ArcSwap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -28,6 +28,11 @@ pub struct ListenerSpec {
     pub advertised_ip: IpAddr,
     /// The port the listener binds on the wildcard address.
     pub port: u16,
+    /// The realm it serves: a realm change restarts every listener, as in stunnerd.
+    pub realm: String,
+    /// A digest of the listener's TLS cert and key (0 when none): changing either restarts
+    /// the listener.
+    pub tls_digest: u64,
 }
 
 /// A cluster as the dataplane matches peers against it.
@@ -59,6 +64,30 @@ pub struct Snapshot {
     routes: Vec<Route>,
 }
 
+/// A stable digest of a listener's cert and key (FNV-1a; change detection only).
+fn tls_digest(cert: &str, key: &str) -> u64 {
+    if cert.is_empty() && key.is_empty() {
+        return 0;
+    }
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in cert.bytes().chain([0]).chain(key.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// An endpoint admitting exactly `ip`, on ports `port_min..=port_max`.
+pub fn host_endpoint(ip: IpAddr, port_min: u16, port_max: u16) -> StaticEndpoint {
+    let ip = canonical_ip(ip);
+    StaticEndpoint {
+        addr: ip,
+        prefix_len: if ip.is_ipv4() { 32 } else { 128 },
+        port_min,
+        port_max,
+    }
+}
+
 /// Canonical form of a peer IP: IPv4-mapped IPv6 addresses become IPv4.
 pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     match ip {
@@ -71,12 +100,13 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
 }
 
 impl Snapshot {
-    /// Builds the snapshot of a validated config. `dns` gives the addresses currently resolved
-    /// for a STRICT_DNS or discovered cluster, by cluster name (IP-only matching).
+    /// Builds the snapshot of a validated config. `discovered` gives the current endpoints of
+    /// a STRICT_DNS or KUBERNETES cluster (resolved or watched by the control thread); STATIC
+    /// clusters are taken from the config.
     pub fn from_config(
         config: &StunnerConfig,
         generation: u64,
-        dns: &dyn Fn(&str) -> Vec<IpAddr>,
+        discovered: &dyn Fn(&ClusterConfig) -> Vec<StaticEndpoint>,
     ) -> Snapshot {
         let clusters: Vec<ClusterSpec> = config
             .clusters
@@ -88,15 +118,7 @@ impl Snapshot {
                         .iter()
                         .filter_map(|e| StaticEndpoint::parse(e).ok())
                         .collect(),
-                    ClusterType::StrictDns => dns(&cluster.name)
-                        .into_iter()
-                        .map(|ip| StaticEndpoint {
-                            addr: ip,
-                            prefix_len: if ip.is_ipv4() { 32 } else { 128 },
-                            port_min: 0,
-                            port_max: u16::MAX,
-                        })
-                        .collect(),
+                    ClusterType::StrictDns | ClusterType::Kubernetes => discovered(cluster),
                 };
                 ClusterSpec {
                     name: cluster.name.clone(),
@@ -116,6 +138,8 @@ impl Snapshot {
                 protocol: listener.protocol,
                 advertised_ip,
                 port: listener.port,
+                realm: config.auth.realm.clone(),
+                tls_digest: tls_digest(&listener.cert, &listener.key),
             });
             // Clusters named in routes but missing from the config are skipped, as stunnerd does.
             routes.push(Route {

@@ -106,25 +106,46 @@ fn serde_like_json(fields: &[(&str, &str)]) -> String {
     out
 }
 
-/// Installs the global logger for `spec` and `format` (`text` or `json`).
-pub fn init(spec: &str, format: &str) {
+type ReloadHandle = tracing_subscriber::reload::Handle<Targets, tracing_subscriber::Registry>;
+
+static RELOAD: std::sync::OnceLock<ReloadHandle> = std::sync::OnceLock::new();
+
+fn targets(spec: &str) -> Targets {
     let spec = LogSpec::parse(spec);
     let mut targets = Targets::new().with_default(filter(spec.default_level()));
     for (scope, level) in spec.scopes() {
         targets = targets.with_target(scope.to_string(), filter(level));
     }
     // The STUN parser logs every malformed datagram; never let wire input format log lines.
-    targets = targets
+    targets
         .with_target("stun_types", LevelFilter::ERROR)
         .with_target("stun_proto", LevelFilter::ERROR)
-        .with_target("turn_types", LevelFilter::ERROR);
+        .with_target("turn_types", LevelFilter::ERROR)
+}
+
+/// Installs the global logger for `spec` and `format` (`text` or `json`).
+pub fn init(spec: &str, format: &str) {
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(targets(spec));
     let layer = tracing_subscriber::fmt::layer()
         .event_format(StunnerFormat {
             json: format == "json",
         })
         .with_writer(std::io::stdout);
-    let _ = tracing_subscriber::registry()
+    if tracing_subscriber::registry()
+        .with(filter)
         .with(layer)
-        .with(targets)
-        .try_init();
+        .try_init()
+        .is_ok()
+    {
+        let _ = RELOAD.set(handle);
+    }
+}
+
+/// Switches the running logger to `spec` (an `admin.loglevel` from a new config).
+pub fn set_spec(spec: &str) {
+    if let Some(handle) = RELOAD.get() {
+        if handle.reload(targets(spec)).is_ok() {
+            tracing::info!(target: "stunnerd", "Setting loglevel to {spec:?}");
+        }
+    }
 }

@@ -6,7 +6,10 @@ use arc_swap::ArcSwap;
 use clap::Parser;
 use std::process::ExitCode;
 use std::sync::Arc;
+use uturn_control::cds::CdsTarget;
+use uturn_control::kubernetes::KubeOptions;
 use uturn_control::origin::{load_once, ConfigOrigin};
+use uturn_control::{Control, ControlConfig, Source};
 use uturn_dataplane::io::{usable_cpus, Dataplane, DataplaneConfig};
 use uturn_shared::config::StunnerConfig;
 use uturn_shared::snapshot::Snapshot;
@@ -144,40 +147,52 @@ fn instance_id(cli: &Cli) -> String {
     format!("default/stunnerd-{host}")
 }
 
+/// Where the config comes from: the first one, and what to follow afterwards.
+fn initial_config(cli: &Cli, id: &str) -> Result<(StunnerConfig, Source, &'static str), String> {
+    if let Some(uri) = &cli.turn_uri {
+        let config = StunnerConfig::from_turn_uri(uri).map_err(|e| e.to_string())?;
+        return Ok((config, Source::Fixed, "TURN-URI"));
+    }
+    let node = std::env::var("STUNNER_NODENAME").ok();
+    let origin = ConfigOrigin::parse(&cli.config);
+    if !cli.watch {
+        let config = load_once(&origin, id, node.as_deref())
+            .map_err(|e| format!("could not load config: {e}"))?;
+        return Ok((config, Source::Fixed, "once"));
+    }
+    // A watcher starts from the zero config; the first config from the origin replaces it.
+    let source = match origin {
+        ConfigOrigin::File(path) => Source::File(path),
+        ConfigOrigin::Cds(url) => Source::Cds(CdsTarget::new(&url, id, node.as_deref())?),
+        ConfigOrigin::K8s => {
+            return Err(load_once(&origin, id, None)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default())
+        }
+    };
+    Ok((StunnerConfig::zero(id), source, "watch"))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let cli_log = cli
         .log
         .clone()
         .or_else(|| cli.verbose.then(|| "all:DEBUG".to_string()));
-    let (config, from_uri) = match &cli.turn_uri {
-        Some(uri) => match StunnerConfig::from_turn_uri(uri) {
-            Ok(config) => (config, true),
-            Err(e) => {
-                eprintln!("stunnerd: {e}");
-                return ExitCode::from(1);
-            }
-        },
-        None => {
-            if cli.watch {
-                eprintln!(
-                    "stunnerd: watch mode (-w) is not supported yet by uturn; run without -w to load {:?} once",
-                    cli.config
-                );
-                return ExitCode::from(1);
-            }
-            match load_once(&ConfigOrigin::parse(&cli.config)) {
-                Ok(config) => (config, false),
-                Err(e) => {
-                    eprintln!("stunnerd: could not load config: {e}");
-                    return ExitCode::from(1);
-                }
-            }
+    let id = instance_id(&cli);
+    let (config, source, mode) = match initial_config(&cli, &id) {
+        Ok(initial) => initial,
+        Err(e) => {
+            eprintln!("stunnerd: {e}");
+            return ExitCode::from(1);
         }
     };
-    let log_spec = cli_log.unwrap_or_else(|| config.admin.loglevel.clone());
+    let from_uri = mode == "TURN-URI";
+    let log_spec = cli_log
+        .clone()
+        .unwrap_or_else(|| config.admin.loglevel.clone());
     logging::init(&log_spec, &cli.log_format);
-    let id = instance_id(&cli);
     tracing::info!(
         target: "stunnerd",
         "starting stunnerd id {:?}, STUNner config origin {:?}, uturn {}",
@@ -244,7 +259,7 @@ fn main() -> ExitCode {
     let dataplane = match Dataplane::start(DataplaneConfig {
         shards,
         udp_thread_num: cli.udp_thread_num,
-        snapshot,
+        snapshot: snapshot.clone(),
         nonce_key,
     }) {
         Ok(d) => d,
@@ -253,16 +268,58 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let stats = dataplane.stats_handle();
+    let follow_loglevel = cli_log.is_none();
+    let running_loglevel = std::sync::Mutex::new(log_spec);
+    let control = match Control::start(ControlConfig {
+        source,
+        initial: config,
+        snapshot,
+        kube: kube_options(&cli.kube),
+        allocations: Arc::new(move || {
+            stats
+                .iter()
+                .map(|s| s.allocations.load(std::sync::atomic::Ordering::Relaxed))
+                .sum()
+        }),
+        on_config: Box::new(move |config: &StunnerConfig| {
+            let Ok(mut running) = running_loglevel.lock() else {
+                return;
+            };
+            if follow_loglevel && *running != config.admin.loglevel {
+                running.clone_from(&config.admin.loglevel);
+                logging::set_spec(&config.admin.loglevel);
+            }
+        }),
+    }) {
+        Ok(control) => control,
+        Err(e) => {
+            tracing::error!(target: "stunnerd", "cannot start the control thread: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let _ = (
         &cli.force_ready_status,
         &cli.cds_server_address,
         &cli.cds_server_namespace,
         cli.cds_server_port,
-        &cli.kube,
     );
-    // Signals, drain and reconcile arrive with the control plane; until then, run until killed.
+    // Signals and graceful drain arrive with the health and shutdown work; run until killed.
     loop {
         std::thread::sleep(std::time::Duration::from_secs(1));
-        let _ = dataplane.allocation_count();
+        let _ = (dataplane.allocation_count(), control.ready());
+    }
+}
+
+fn kube_options(flags: &KubeFlags) -> KubeOptions {
+    KubeOptions {
+        kubeconfig: flags.kubeconfig.clone().map(Into::into),
+        context: flags.context.clone(),
+        cluster: flags.cluster.clone(),
+        user: flags.user.clone(),
+        server: flags.server.clone(),
+        token: flags.token.clone(),
+        insecure_skip_tls_verify: flags.insecure_skip_tls_verify,
+        tls_server_name: flags.tls_server_name.clone(),
     }
 }

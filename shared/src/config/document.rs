@@ -466,7 +466,7 @@ fn cluster_from(section: &Section<'_>) -> Result<ClusterConfig, ConfigError> {
             ConfigError::new(
                 section.path_of("type"),
                 raw,
-                "unknown cluster type: use STATIC or STRICT_DNS",
+                "unknown cluster type: use STATIC, STRICT_DNS or KUBERNETES",
             )
         })?,
     };

@@ -69,6 +69,62 @@ impl StaticEndpoint {
     }
 }
 
+/// A KUBERNETES cluster endpoint: a Service, `<namespace>/<service>[:<min-max>]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ServiceEndpoint {
+    /// The Service's namespace.
+    pub namespace: String,
+    /// The Service's name (its EndpointSlices carry `kubernetes.io/service-name=<name>`).
+    pub name: String,
+    /// Lowest peer port admitted.
+    pub port_min: u16,
+    /// Highest peer port admitted.
+    pub port_max: u16,
+}
+
+const SERVICE_FORMS: &str = "write <namespace>/<service>, optionally followed by a port range \
+                             (media/media-server:<10000-20000>)";
+
+impl ServiceEndpoint {
+    /// Parses `<namespace>/<service>[:<MIN-MAX>]`; both names must be DNS-1123 labels, as
+    /// Kubernetes requires. No range means ports 1-65535.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (service, ports) = split_port_range(s)?;
+        let Some((namespace, name)) = service.split_once('/') else {
+            return Err(format!(
+                "invalid Kubernetes endpoint {s:?}: no namespace; {SERVICE_FORMS}"
+            ));
+        };
+        for (what, label) in [("namespace", namespace), ("service name", name)] {
+            let valid = !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-');
+            if !valid {
+                return Err(format!(
+                    "invalid Kubernetes endpoint {s:?}: {what} {label:?} is not a DNS-1123 \
+                     label (lower-case letters, digits and '-', at most 63); {SERVICE_FORMS}"
+                ));
+            }
+        }
+        let (port_min, port_max) = ports.unwrap_or((1, u16::MAX));
+        Ok(ServiceEndpoint {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            port_min,
+            port_max,
+        })
+    }
+
+    /// `<namespace>/<service>`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
 /// An inclusive `(min, max)` port range.
 type PortRange = (u16, u16);
 

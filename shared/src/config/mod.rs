@@ -11,7 +11,7 @@ mod endpoint;
 mod uri;
 mod validate;
 
-pub use endpoint::{parse_http_endpoint, HttpEndpoint, StaticEndpoint};
+pub use endpoint::{parse_http_endpoint, HttpEndpoint, ServiceEndpoint, StaticEndpoint};
 pub use uri::{parse_turn_uri, TurnUri};
 
 use serde::{Serialize, Serializer};
@@ -268,7 +268,8 @@ pub struct ClusterConfig {
     pub cluster_type: ClusterType,
     /// Relay transport; default `UDP`.
     pub protocol: ClusterProtocol,
-    /// STATIC: `IP[/len][:<min-max>]`; STRICT_DNS: hostnames. Sorted.
+    /// STATIC: `IP[/len][:<min-max>]`; STRICT_DNS: hostnames; KUBERNETES:
+    /// `<namespace>/<service>[:<min-max>]`. Sorted.
     pub endpoints: Vec<String>,
 }
 
@@ -280,21 +281,30 @@ pub enum ClusterType {
     Static,
     /// Endpoints are hostnames, re-resolved every 5 s, matched on IP only.
     StrictDns,
+    /// Endpoints are Kubernetes Services, `<namespace>/<service>[:<min-max>]`: the cluster
+    /// admits every address their EndpointSlices list (ready, serving and terminating) plus
+    /// the Services' ClusterIPs.
+    Kubernetes,
 }
 
 impl ClusterType {
     /// Parses a config value case-insensitively.
     pub fn parse(s: &str) -> Option<ClusterType> {
-        [ClusterType::Static, ClusterType::StrictDns]
-            .into_iter()
-            .find(|t| t.as_str().eq_ignore_ascii_case(s))
+        [
+            ClusterType::Static,
+            ClusterType::StrictDns,
+            ClusterType::Kubernetes,
+        ]
+        .into_iter()
+        .find(|t| t.as_str().eq_ignore_ascii_case(s))
     }
 
-    /// The normalized name: `STATIC` or `STRICT_DNS`.
+    /// The normalized name: `STATIC`, `STRICT_DNS` or `KUBERNETES`.
     pub fn as_str(&self) -> &'static str {
         match self {
             ClusterType::Static => "STATIC",
             ClusterType::StrictDns => "STRICT_DNS",
+            ClusterType::Kubernetes => "KUBERNETES",
         }
     }
 }

@@ -3,10 +3,10 @@
 
 use super::document::unsupported_version;
 use super::{
-    parse_http_endpoint, AuthType, ClusterType, ConfigError, StaticEndpoint, StunnerConfig,
-    API_VERSION, API_VERSION_V1ALPHA1, DEFAULT_HEALTHCHECK_ENDPOINT, DEFAULT_HEALTHCHECK_PORT,
-    DEFAULT_LISTENER_ADDRESS, DEFAULT_LOG_LEVEL, DEFAULT_METRICS_PORT, DEFAULT_PORT, DEFAULT_REALM,
-    DEFAULT_STUNNERD_NAME,
+    parse_http_endpoint, AuthType, ClusterType, ConfigError, ServiceEndpoint, StaticEndpoint,
+    StunnerConfig, API_VERSION, API_VERSION_V1ALPHA1, DEFAULT_HEALTHCHECK_ENDPOINT,
+    DEFAULT_HEALTHCHECK_PORT, DEFAULT_LISTENER_ADDRESS, DEFAULT_LOG_LEVEL, DEFAULT_METRICS_PORT,
+    DEFAULT_PORT, DEFAULT_REALM, DEFAULT_STUNNERD_NAME,
 };
 use base64::Engine as _;
 use std::collections::HashMap;
@@ -196,16 +196,19 @@ impl StunnerConfig {
                     ),
                 ));
             }
-            if cluster.cluster_type == ClusterType::Static {
-                for (j, endpoint) in cluster.endpoints.iter().enumerate() {
-                    StaticEndpoint::parse(endpoint).map_err(|why| {
-                        ConfigError::new(
-                            format!("clusters[{i}].endpoints[{j}]"),
-                            endpoint.as_str(),
-                            why,
-                        )
-                    })?;
-                }
+            for (j, endpoint) in cluster.endpoints.iter().enumerate() {
+                let checked = match cluster.cluster_type {
+                    ClusterType::Static => StaticEndpoint::parse(endpoint).map(drop),
+                    ClusterType::Kubernetes => ServiceEndpoint::parse(endpoint).map(drop),
+                    ClusterType::StrictDns => Ok(()),
+                };
+                checked.map_err(|why| {
+                    ConfigError::new(
+                        format!("clusters[{i}].endpoints[{j}]"),
+                        endpoint.as_str(),
+                        why,
+                    )
+                })?;
             }
             cluster.endpoints.sort();
         }

@@ -1,0 +1,307 @@
+//! KUBERNETES clusters: watch a Service's `discovery.k8s.io/v1` EndpointSlices and the Service
+//! itself with the kube-rs runtime watcher (with its default backoff), and report every address
+//! the slices list, ready, serving and terminating alike (a draining media pod keeps its calls),
+//! plus the Service's ClusterIPs.
+
+use crate::state::{ServiceChange, SliceAddresses};
+use crate::Event;
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedSender;
+
+const CLIENT_RETRY: Duration = Duration::from_secs(5);
+
+/// How to reach the API server: the kubectl flags stunnerd accepts. With none set, kube-rs
+/// infers the config: `KUBECONFIG` or `~/.kube/config`, else the in-cluster service account.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KubeOptions {
+    /// `--kubeconfig`.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--context`.
+    pub context: Option<String>,
+    /// `--cluster`.
+    pub cluster: Option<String>,
+    /// `--user`.
+    pub user: Option<String>,
+    /// `--server`: the API server URL, overriding the kubeconfig's.
+    pub server: Option<String>,
+    /// `--token`: a bearer token, overriding the kubeconfig's.
+    pub token: Option<String>,
+    /// `--insecure-skip-tls-verify`.
+    pub insecure_skip_tls_verify: bool,
+    /// `--tls-server-name`.
+    pub tls_server_name: Option<String>,
+}
+
+/// Builds a kube-rs client from `options`.
+pub async fn client(options: &KubeOptions) -> Result<Client, String> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let selection = KubeConfigOptions {
+        context: options.context.clone(),
+        cluster: options.cluster.clone(),
+        user: options.user.clone(),
+    };
+    let explicit =
+        selection.context.is_some() || selection.cluster.is_some() || selection.user.is_some();
+    let mut config = match &options.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|e| format!("cannot read kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &selection)
+                .await
+                .map_err(|e| format!("invalid kubeconfig {}: {e}", path.display()))?
+        }
+        None if explicit => kube::Config::from_kubeconfig(&selection)
+            .await
+            .map_err(|e| format!("invalid kubeconfig: {e}"))?,
+        None => kube::Config::infer().await.map_err(|e| {
+            format!(
+                "no Kubernetes credentials: {e} (run in a pod with a service account, or set \
+                 KUBECONFIG or --kubeconfig)"
+            )
+        })?,
+    };
+    if let Some(server) = &options.server {
+        config.cluster_url = server
+            .parse()
+            .map_err(|e| format!("--server {server:?} is not a URL: {e}"))?;
+    }
+    if let Some(token) = &options.token {
+        config.auth_info.token = Some(token.clone().into());
+    }
+    if options.insecure_skip_tls_verify {
+        config.accept_invalid_certs = true;
+    }
+    if let Some(name) = &options.tls_server_name {
+        config.tls_server_name = Some(name.clone());
+    }
+    Client::try_from(config).map_err(|e| format!("cannot create Kubernetes client: {e}"))
+}
+
+/// Watches the Service `<namespace>/<name>` (its slices and itself) and sends what changes
+/// as [`ServiceChange`]s keyed `<namespace>/<name>`, until the receiver goes away.
+pub async fn watch_service(
+    namespace: String,
+    name: String,
+    options: KubeOptions,
+    events: UnboundedSender<Event>,
+) {
+    let key = format!("{namespace}/{name}");
+    let client = loop {
+        match client(&options).await {
+            Ok(client) => break client,
+            Err(e) => {
+                tracing::error!(target: "k8s", "cannot watch Service {key}: {e}; retrying in 5s");
+                if events
+                    .send(Event::Service(key.clone(), ServiceChange::Api(Some(e))))
+                    .is_err()
+                {
+                    return;
+                }
+                tokio::time::sleep(CLIENT_RETRY).await;
+            }
+        }
+    };
+    tokio::join!(
+        watch_slices(client.clone(), &namespace, &name, &key, &events),
+        watch_cluster_ips(client, &namespace, &name, &key, &events)
+    );
+}
+
+/// Tracks whether the API server answers, logging each transition once.
+struct ApiHealth<'a> {
+    key: &'a str,
+    what: &'static str,
+    failing: bool,
+}
+
+impl ApiHealth<'_> {
+    fn ok(&mut self, events: &UnboundedSender<Event>) {
+        if self.failing {
+            self.failing = false;
+            tracing::info!(target: "k8s", "Kubernetes API reachable again: watching {} of Service {}", self.what, self.key);
+            let _ = events.send(Event::Service(
+                self.key.to_string(),
+                ServiceChange::Api(None),
+            ));
+        }
+    }
+
+    fn failed(&mut self, error: &watcher::Error, events: &UnboundedSender<Event>) {
+        if !self.failing {
+            self.failing = true;
+            tracing::warn!(
+                target: "k8s",
+                "Kubernetes API unreachable while watching {} of Service {}: {error}; keeping its last known endpoints",
+                self.what,
+                self.key
+            );
+        }
+        let _ = events.send(Event::Service(
+            self.key.to_string(),
+            ServiceChange::Api(Some(error.to_string())),
+        ));
+    }
+}
+
+/// Runs a kube-rs watcher (with its default backoff) and sends what `translate` makes of each
+/// event, tracking whether the API server answers; returns when the receiver goes away.
+async fn follow<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    key: &str,
+    what: &'static str,
+    events: &UnboundedSender<Event>,
+    mut translate: impl FnMut(watcher::Event<K>) -> Option<ServiceChange>,
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    let mut stream = std::pin::pin!(watcher(api, config).default_backoff());
+    let mut health = ApiHealth {
+        key,
+        what,
+        failing: false,
+    };
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(event) => {
+                health.ok(events);
+                if let Some(change) = translate(event) {
+                    if events
+                        .send(Event::Service(key.to_string(), change))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+            Err(e) => health.failed(&e, events),
+        }
+    }
+}
+
+async fn watch_slices(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    key: &str,
+    events: &UnboundedSender<Event>,
+) {
+    let api: Api<EndpointSlice> = Api::namespaced(client, namespace);
+    let config = watcher::Config::default().labels(&format!("kubernetes.io/service-name={name}"));
+    // Init…InitDone replaces the whole set: slices deleted while disconnected never show up
+    // as deletes, so a relist must not be merged into the old set.
+    let mut relist: Option<BTreeMap<String, SliceAddresses>> = None;
+    follow(
+        api,
+        config,
+        key,
+        "EndpointSlices",
+        events,
+        |event| match event {
+            watcher::Event::Init => {
+                relist = Some(BTreeMap::new());
+                None
+            }
+            watcher::Event::InitApply(slice) => {
+                if let Some(set) = relist.as_mut() {
+                    set.insert(slice_name(&slice), slice_addresses(&slice));
+                }
+                None
+            }
+            watcher::Event::InitDone => relist.take().map(ServiceChange::ReplaceSlices),
+            watcher::Event::Apply(slice) => Some(ServiceChange::UpsertSlice(
+                slice_name(&slice),
+                slice_addresses(&slice),
+            )),
+            watcher::Event::Delete(slice) => Some(ServiceChange::RemoveSlice(slice_name(&slice))),
+        },
+    )
+    .await;
+}
+
+async fn watch_cluster_ips(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    key: &str,
+    events: &UnboundedSender<Event>,
+) {
+    let api: Api<Service> = Api::namespaced(client, namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut relist: Option<Vec<IpAddr>> = None;
+    follow(api, config, key, "the Service", events, |event| {
+        let ips = match event {
+            watcher::Event::Init => {
+                relist = Some(Vec::new());
+                None
+            }
+            watcher::Event::InitApply(service) => {
+                relist = Some(cluster_ips(&service));
+                None
+            }
+            watcher::Event::InitDone => relist.take(),
+            watcher::Event::Apply(service) => Some(cluster_ips(&service)),
+            watcher::Event::Delete(_) => Some(Vec::new()),
+        };
+        ips.map(ServiceChange::ClusterIps)
+    })
+    .await;
+}
+
+fn slice_name(slice: &EndpointSlice) -> String {
+    slice.metadata.name.clone().unwrap_or_default()
+}
+
+/// Every address of every endpoint in the slice, whatever its conditions: an ACL, not a load
+/// balancer, so terminating and not-yet-ready pods stay reachable. FQDN slices are ignored.
+pub fn slice_addresses(slice: &EndpointSlice) -> SliceAddresses {
+    let mut out = SliceAddresses::default();
+    if slice.address_type == "FQDN" {
+        return out;
+    }
+    for endpoint in &slice.endpoints {
+        let terminating = endpoint
+            .conditions
+            .as_ref()
+            .and_then(|c| c.terminating)
+            .unwrap_or(false);
+        for address in &endpoint.addresses {
+            if let Ok(ip) = address.parse::<IpAddr>() {
+                out.addresses.push(ip);
+                if terminating {
+                    out.terminating.push(ip);
+                }
+            }
+        }
+    }
+    out.addresses.sort();
+    out.addresses.dedup();
+    out.terminating.sort();
+    out.terminating.dedup();
+    out
+}
+
+/// The Service's ClusterIPs, IPv4 and IPv6 (none for a headless Service).
+pub fn cluster_ips(service: &Service) -> Vec<IpAddr> {
+    let Some(spec) = &service.spec else {
+        return Vec::new();
+    };
+    let mut ips: Vec<IpAddr> = spec
+        .cluster_ips
+        .iter()
+        .flatten()
+        .chain(spec.cluster_ip.iter())
+        .filter_map(|ip| ip.parse().ok())
+        .collect();
+    ips.sort();
+    ips.dedup();
+    ips
+}

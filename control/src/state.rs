@@ -1,0 +1,438 @@
+//! The control plane's state, without IO: the running config, the endpoints discovered for
+//! KUBERNETES and STRICT_DNS clusters, and the reconcile rules of stunnerd.md §2.8.
+//!
+//! Call order: feed changes with `handle_config` and `handle_discovery` (any number, a batch),
+//! then `poll_snapshot` once: it builds and returns the next [`Snapshot`] if the batch changed
+//! anything the dataplane sees. `services` and `dns_names` say what the shell must watch.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use uturn_shared::config::{
+    ClusterConfig, ClusterType, ServiceEndpoint, StaticEndpoint, StunnerConfig,
+};
+use uturn_shared::snapshot::{canonical_ip, host_endpoint, Snapshot};
+
+/// A change to the addresses of one watched Kubernetes Service (`<namespace>/<service>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceChange {
+    /// A full relist of the Service's EndpointSlices (`Init…InitDone`): slice name → addresses.
+    /// Slices missing here are gone, also those deleted while the watch was down.
+    ReplaceSlices(BTreeMap<String, SliceAddresses>),
+    /// One slice was added or modified.
+    UpsertSlice(String, SliceAddresses),
+    /// One slice was deleted.
+    RemoveSlice(String),
+    /// The Service's ClusterIPs (empty when the Service is gone).
+    ClusterIps(Vec<IpAddr>),
+    /// The API server answered again (`None`) or failed (`Some(why)`) for this Service.
+    Api(Option<String>),
+}
+
+/// The addresses one EndpointSlice lists, all of them (ready, serving and terminating).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SliceAddresses {
+    /// Every endpoint address in the slice.
+    pub addresses: Vec<IpAddr>,
+    /// The subset whose endpoint is terminating (for `/status` and logs only).
+    pub terminating: Vec<IpAddr>,
+}
+
+/// What the control thread knows about one Service.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceState {
+    /// Slice name → its addresses.
+    pub slices: BTreeMap<String, SliceAddresses>,
+    /// The Service's ClusterIPs.
+    pub cluster_ips: Vec<IpAddr>,
+    /// The last API error, while the API server is unreachable.
+    pub api_error: Option<String>,
+    /// Whether a full list has been seen since the watch started.
+    pub synced: bool,
+}
+
+impl ServiceState {
+    /// Every address a peer may use: the union of all slices plus the ClusterIPs.
+    pub fn addresses(&self) -> BTreeSet<IpAddr> {
+        self.slices
+            .values()
+            .flat_map(|s| s.addresses.iter().copied())
+            .chain(self.cluster_ips.iter().copied())
+            .map(canonical_ip)
+            .collect()
+    }
+
+    /// The addresses of terminating endpoints.
+    pub fn terminating(&self) -> BTreeSet<IpAddr> {
+        self.slices
+            .values()
+            .flat_map(|s| s.terminating.iter().copied())
+            .collect()
+    }
+}
+
+/// What a config change did, in stunnerd's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reconciliation {
+    /// Objects that did not exist before.
+    pub new: usize,
+    /// Objects whose config changed.
+    pub changed: usize,
+    /// Objects that were removed.
+    pub deleted: usize,
+    /// Listeners opened (new ones).
+    pub started: usize,
+    /// Listeners closed and reopened (protocol, address, port, cert/key or realm changed);
+    /// their allocations are dropped.
+    pub restarted: usize,
+}
+
+/// Why a config was not applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skipped {
+    /// It equals the running config.
+    Duplicate,
+    /// It is the zero config (a CDS delete), which a watcher ignores.
+    Delete,
+}
+
+/// The control plane's state.
+#[derive(Debug)]
+pub struct ControlState {
+    config: StunnerConfig,
+    services: BTreeMap<String, ServiceState>,
+    dns: BTreeMap<String, Vec<IpAddr>>,
+    generation: u64,
+    dirty: bool,
+    ready: bool,
+}
+
+impl ControlState {
+    /// Starts from `config`, published as `generation`.
+    pub fn new(config: StunnerConfig, generation: u64) -> ControlState {
+        let mut state = ControlState {
+            ready: !config.is_zero(),
+            config,
+            services: BTreeMap::new(),
+            dns: BTreeMap::new(),
+            generation,
+            dirty: false,
+        };
+        state.sync_watches();
+        state
+    }
+
+    /// The running config.
+    pub fn config(&self) -> &StunnerConfig {
+        &self.config
+    }
+
+    /// Whether a non-zero config has been applied (stunnerd's readiness).
+    pub fn ready(&self) -> bool {
+        self.ready
+    }
+
+    /// The generation of the last snapshot built.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Applies a validated config unless it is a duplicate or (with `ignore_delete`) a zero
+    /// config. Discovered endpoints of Services and hostnames still named are kept.
+    pub fn handle_config(
+        &mut self,
+        config: StunnerConfig,
+        ignore_delete: bool,
+    ) -> Result<Reconciliation, Skipped> {
+        if config == self.config {
+            return Err(Skipped::Duplicate);
+        }
+        if ignore_delete && config.is_zero() {
+            return Err(Skipped::Delete);
+        }
+        let summary = reconcile(&self.config, &config);
+        if !config.is_zero() {
+            self.ready = true;
+        }
+        self.config = config;
+        self.sync_watches();
+        self.dirty = true;
+        Ok(summary)
+    }
+
+    /// Applies a change to a watched Service; changes to Services no longer named are ignored.
+    pub fn handle_discovery(&mut self, service: &str, change: ServiceChange) {
+        let Some(state) = self.services.get_mut(service) else {
+            return;
+        };
+        let before = state.addresses();
+        match change {
+            ServiceChange::ReplaceSlices(slices) => {
+                state.slices = slices;
+                state.synced = true;
+            }
+            ServiceChange::UpsertSlice(name, addresses) => {
+                state.slices.insert(name, addresses);
+            }
+            ServiceChange::RemoveSlice(name) => {
+                state.slices.remove(&name);
+            }
+            ServiceChange::ClusterIps(ips) => state.cluster_ips = ips,
+            ServiceChange::Api(error) => state.api_error = error,
+        }
+        if state.addresses() != before {
+            self.dirty = true;
+        }
+    }
+
+    /// Records the addresses `hostname` currently resolves to.
+    pub fn handle_dns(&mut self, hostname: &str, mut addresses: Vec<IpAddr>) {
+        addresses.sort();
+        addresses.dedup();
+        if let Some(current) = self.dns.get_mut(hostname) {
+            if *current != addresses {
+                *current = addresses;
+                self.dirty = true;
+            }
+        }
+    }
+
+    /// The next snapshot, if anything the dataplane sees changed since the last one.
+    pub fn poll_snapshot(&mut self) -> Option<Snapshot> {
+        if !self.dirty {
+            return None;
+        }
+        self.dirty = false;
+        self.generation += 1;
+        Some(self.snapshot())
+    }
+
+    /// The snapshot of the current state, at the current generation.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::from_config(&self.config, self.generation, &|cluster| {
+            self.cluster_endpoints(cluster)
+        })
+    }
+
+    /// The Services the shell must watch, `<namespace>/<service>`, with what is known of each.
+    pub fn services(&self) -> &BTreeMap<String, ServiceState> {
+        &self.services
+    }
+
+    /// The hostnames of STRICT_DNS clusters the shell must resolve, with their last addresses.
+    pub fn dns_names(&self) -> &BTreeMap<String, Vec<IpAddr>> {
+        &self.dns
+    }
+
+    fn cluster_endpoints(&self, cluster: &ClusterConfig) -> Vec<StaticEndpoint> {
+        let mut endpoints = Vec::new();
+        match cluster.cluster_type {
+            ClusterType::Static => {}
+            ClusterType::StrictDns => {
+                // STRICT_DNS matches IP only, as stunnerd.
+                for host in &cluster.endpoints {
+                    for ip in self.dns.get(host).into_iter().flatten() {
+                        endpoints.push(host_endpoint(*ip, 0, u16::MAX));
+                    }
+                }
+            }
+            ClusterType::Kubernetes => {
+                for raw in &cluster.endpoints {
+                    let Ok(service) = ServiceEndpoint::parse(raw) else {
+                        continue;
+                    };
+                    let Some(state) = self.services.get(&service.key()) else {
+                        continue;
+                    };
+                    for ip in state.addresses() {
+                        endpoints.push(host_endpoint(ip, service.port_min, service.port_max));
+                    }
+                }
+            }
+        }
+        endpoints
+    }
+
+    /// Keeps the watched Services and hostnames in step with the clusters of the config.
+    fn sync_watches(&mut self) {
+        let mut services = BTreeSet::new();
+        let mut hosts = BTreeSet::new();
+        for cluster in &self.config.clusters {
+            match cluster.cluster_type {
+                ClusterType::Static => {}
+                ClusterType::StrictDns => hosts.extend(cluster.endpoints.iter().cloned()),
+                ClusterType::Kubernetes => services.extend(
+                    cluster
+                        .endpoints
+                        .iter()
+                        .filter_map(|e| ServiceEndpoint::parse(e).ok())
+                        .map(|s| s.key()),
+                ),
+            }
+        }
+        self.services.retain(|key, _| services.contains(key));
+        for key in services {
+            self.services.entry(key).or_default();
+        }
+        self.dns.retain(|host, _| hosts.contains(host));
+        for host in hosts {
+            self.dns.entry(host).or_default();
+        }
+    }
+}
+
+/// Whether a listener must be closed and reopened (dropping its allocations) to go from `old`
+/// to `new`: stunnerd restarts on protocol, address, port, cert or key, and on a realm change.
+fn listener_restarts(
+    old: &uturn_shared::config::ListenerConfig,
+    new: &uturn_shared::config::ListenerConfig,
+    realm_changed: bool,
+) -> bool {
+    realm_changed
+        || old.protocol != new.protocol
+        || old.address != new.address
+        || old.port != new.port
+        || old.cert != new.cert
+        || old.key != new.key
+}
+
+/// Counts what going from `old` to `new` does, object by object (matched by name).
+pub fn reconcile(old: &StunnerConfig, new: &StunnerConfig) -> Reconciliation {
+    let mut summary = Reconciliation::default();
+    let mut count = |before: bool, after: bool, changed: bool| match (before, after) {
+        (false, true) => summary.new += 1,
+        (true, false) => summary.deleted += 1,
+        (true, true) if changed => summary.changed += 1,
+        _ => {}
+    };
+    count(true, true, old.admin != new.admin);
+    count(true, true, old.auth != new.auth);
+    for l in &new.listeners {
+        let before = old.listeners.iter().find(|o| o.name == l.name);
+        count(before.is_some(), true, before.is_some_and(|b| b != l));
+    }
+    for l in &old.listeners {
+        if !new.listeners.iter().any(|n| n.name == l.name) {
+            count(true, false, false);
+        }
+    }
+    for c in &new.clusters {
+        let before = old.clusters.iter().find(|o| o.name == c.name);
+        count(before.is_some(), true, before.is_some_and(|b| b != c));
+    }
+    for c in &old.clusters {
+        if !new.clusters.iter().any(|n| n.name == c.name) {
+            count(true, false, false);
+        }
+    }
+    let realm_changed = old.auth.realm != new.auth.realm;
+    for l in &new.listeners {
+        match old.listeners.iter().find(|o| o.name == l.name) {
+            None => summary.started += 1,
+            Some(before) if listener_restarts(before, l, realm_changed) => summary.restarted += 1,
+            Some(_) => {}
+        }
+    }
+    summary
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uturn_shared::config::parse_config;
+
+    fn config(clusters: &str, realm: &str) -> StunnerConfig {
+        parse_config(&format!(
+            "version: v1\nadmin: {{name: t}}\nauth: {{realm: {realm}, credentials: {{username: u, password: p}}}}\n\
+             listeners: [{{name: l, address: 127.0.0.1, port: 3478, routes: [k]}}]\nclusters: {clusters}\n"
+        ))
+        .unwrap()
+    }
+
+    fn slice(ips: &[&str]) -> SliceAddresses {
+        SliceAddresses {
+            addresses: ips.iter().map(|s| s.parse().unwrap()).collect(),
+            terminating: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_address_leaves_only_when_no_slice_lists_it() {
+        let mut state = ControlState::new(
+            config(
+                "[{name: k, type: KUBERNETES, endpoints: [\"media/srv:<10000-20000>\"]}]",
+                "r",
+            ),
+            1,
+        );
+        let svc = "media/srv";
+        assert!(state.services().contains_key(svc));
+        state.handle_discovery(
+            svc,
+            ServiceChange::UpsertSlice("a".into(), slice(&["10.0.0.1"])),
+        );
+        state.handle_discovery(
+            svc,
+            ServiceChange::UpsertSlice("b".into(), slice(&["10.0.0.1", "10.0.0.2"])),
+        );
+        let snap = state.poll_snapshot().unwrap();
+        assert_eq!(snap.generation, 2, "one batch, one snapshot");
+        assert!(state.poll_snapshot().is_none());
+        let route = snap.route("l").unwrap();
+        assert!(snap
+            .admits(route, "10.0.0.1:15000".parse().unwrap())
+            .is_some());
+        assert!(snap
+            .admits(route, "10.0.0.1:9999".parse().unwrap())
+            .is_none());
+        state.handle_discovery(svc, ServiceChange::RemoveSlice("b".into()));
+        let snap = state.poll_snapshot().unwrap();
+        let route = snap.route("l").unwrap();
+        assert!(snap.permits_ip(route, "10.0.0.1".parse().unwrap()));
+        assert!(!snap.permits_ip(route, "10.0.0.2".parse().unwrap()));
+        state.handle_discovery(
+            svc,
+            ServiceChange::ReplaceSlices(BTreeMap::from([("c".into(), slice(&["fd00::5"]))])),
+        );
+        state.handle_discovery(
+            svc,
+            ServiceChange::ClusterIps(vec!["10.96.0.9".parse().unwrap()]),
+        );
+        let snap = state.poll_snapshot().unwrap();
+        let route = snap.route("l").unwrap();
+        assert!(!snap.permits_ip(route, "10.0.0.1".parse().unwrap()));
+        assert!(snap.permits_ip(route, "fd00::5".parse().unwrap()));
+        assert!(snap.permits_ip(route, "10.96.0.9".parse().unwrap()));
+        // An API error alone changes nothing the dataplane sees.
+        state.handle_discovery(svc, ServiceChange::Api(Some("refused".into())));
+        assert!(state.poll_snapshot().is_none());
+    }
+
+    #[test]
+    fn reconcile_counts_like_stunnerd() {
+        let old = config("[{name: k, endpoints: [10.0.0.1]}]", "r");
+        let mut new = config(
+            "[{name: k, endpoints: [10.0.0.2]}, {name: k2, endpoints: [10.0.0.3]}]",
+            "r",
+        );
+        let summary = reconcile(&old, &new);
+        assert_eq!((summary.new, summary.changed, summary.deleted), (1, 1, 0));
+        assert_eq!((summary.started, summary.restarted), (0, 0));
+        new.auth.realm = "other".into();
+        let summary = reconcile(&old, &new);
+        assert_eq!(
+            summary.restarted, 1,
+            "a realm change restarts every listener"
+        );
+        let mut state = ControlState::new(old.clone(), 1);
+        assert_eq!(
+            state.handle_config(old.clone(), true),
+            Err(Skipped::Duplicate)
+        );
+        assert_eq!(
+            state.handle_config(StunnerConfig::zero("t"), true),
+            Err(Skipped::Delete)
+        );
+        assert!(state.handle_config(new, true).is_ok());
+        assert!(state.poll_snapshot().is_some());
+    }
+}
