@@ -38,6 +38,7 @@ struct State {
     /// Bumped to cut every open watch.
     epoch: u64,
     requests: Vec<String>,
+    expired_served: usize,
 }
 
 struct Inner {
@@ -96,7 +97,10 @@ impl FakeApiServer {
         let mut s = self.inner.state.lock().unwrap();
         s.rv += 1;
         let rv = s.rv;
-        let ns = object["metadata"]["namespace"].as_str().unwrap().to_string();
+        let ns = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let name = object["metadata"]["name"].as_str().unwrap().to_string();
         object["metadata"]["resourceVersion"] = json!(rv.to_string());
         object["metadata"]["uid"] = json!(format!("uid-{ns}-{name}"));
@@ -150,6 +154,11 @@ impl FakeApiServer {
         let mut s = self.inner.state.lock().unwrap();
         s.compacted = s.rv + 1;
         s.history.clear();
+    }
+
+    /// How many watches were answered 410 Expired.
+    pub fn expired_served(&self) -> usize {
+        self.inner.state.lock().unwrap().expired_served
     }
 
     /// The request lines served so far.
@@ -278,7 +287,13 @@ fn serve(stream: TcpStream, inner: &Inner) -> std::io::Result<()> {
             (Kind::Slice, ns.to_string())
         }
         ["api", "v1", "namespaces", ns, "services"] => (Kind::Service, ns.to_string()),
-        _ => return respond(stream, 404, &status_body(404, "NotFound", "no such resource")),
+        _ => {
+            return respond(
+                stream,
+                404,
+                &status_body(404, "NotFound", "no such resource"),
+            )
+        }
     };
     let filter = Filter {
         kind,
@@ -375,6 +390,7 @@ fn watch(
     let mut guard = inner.state.lock().unwrap();
     let epoch = guard.epoch;
     if from < guard.compacted {
+        guard.expired_served += 1;
         drop(guard);
         let expired = json!({"type": "ERROR", "object": status_object(410, "Expired", "too old resource version")});
         chunk(&mut stream, &expired.to_string())?;

@@ -1,12 +1,13 @@
 //! The real `stunnerd` binary against an independent TURN client: the `turn-client-proto` crate.
 
+mod support;
+
 use std::net::{SocketAddr, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use turn_client_proto::api::{TurnClientApi, TurnConfig, TurnEvent, TurnRecvRet};
-use turn_client_proto::udp::TurnClientUdp;
+use support::Driver;
+use turn_client_proto::api::{TurnClientApi, TurnEvent};
 use turn_types::stun::TransportType;
-use turn_types::{Instant, TurnCredentials};
 
 struct Server(Child);
 
@@ -45,83 +46,6 @@ fn start_server(auth: &str) -> (Server, SocketAddr, std::path::PathBuf) {
     )
 }
 
-struct Driver {
-    client: TurnClientUdp,
-    socket: UdpSocket,
-    received: Vec<(SocketAddr, Vec<u8>)>,
-}
-
-/// The client's clock: nanoseconds since the first call.
-fn now() -> Instant {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
-    Instant::from_nanos(epoch.elapsed().as_nanos() as i64)
-}
-
-impl Driver {
-    fn new(server: SocketAddr, user: &str, pass: &str) -> Driver {
-        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_millis(20)))
-            .unwrap();
-        let local = socket.local_addr().unwrap();
-        let client = TurnClientUdp::allocate(
-            local,
-            server,
-            TurnConfig::new(TurnCredentials::new(user, pass)),
-        );
-        Driver {
-            client,
-            socket,
-            received: Vec::new(),
-        }
-    }
-
-    /// Moves packets until an event matching `want` arrives (or 5 s pass).
-    fn until(&mut self, want: &dyn Fn(&TurnEvent) -> bool) -> Option<TurnEvent> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        let local = self.socket.local_addr().unwrap();
-        let mut buf = [0u8; 2048];
-        while std::time::Instant::now() < deadline {
-            let t = now();
-            let _ = self.client.poll(t);
-            while let Some(transmit) = self.client.poll_transmit(t) {
-                self.socket
-                    .send_to(transmit.data.as_ref(), transmit.to)
-                    .unwrap();
-            }
-            while let Some(event) = self.client.poll_event() {
-                if want(&event) {
-                    return Some(event);
-                }
-            }
-            if let Ok((n, from)) = self.socket.recv_from(&mut buf) {
-                let transmit = stun_proto::agent::Transmit {
-                    data: &buf[..n],
-                    transport: TransportType::Udp,
-                    from,
-                    to: local,
-                };
-                if let TurnRecvRet::PeerData(data) = self.client.recv(transmit, now()) {
-                    self.received.push((data.peer, data.data().to_vec()));
-                }
-            }
-        }
-        None
-    }
-
-    fn send(&mut self, peer: SocketAddr, data: &[u8]) {
-        if let Some(transmit) = self
-            .client
-            .send_to(TransportType::Udp, peer, data.to_vec(), now())
-            .unwrap()
-        {
-            let transmit = transmit.build();
-            self.socket.send_to(&transmit.data, transmit.to).unwrap();
-        }
-    }
-}
-
 #[test]
 fn turn_client_proto_relays_both_ways_with_permission_and_channel() {
     let (_server, addr, path) =
@@ -142,7 +66,7 @@ fn turn_client_proto_relays_both_ways_with_permission_and_channel() {
     assert_eq!(relay.ip().to_string(), "127.0.0.1");
 
     d.client
-        .create_permission(TransportType::Udp, peer_addr.ip(), now())
+        .create_permission(TransportType::Udp, peer_addr.ip(), d.now())
         .unwrap();
     assert!(matches!(
         d.until(&|e| matches!(
@@ -168,7 +92,7 @@ fn turn_client_proto_relays_both_ways_with_permission_and_channel() {
     );
 
     d.client
-        .bind_channel(TransportType::Udp, peer_addr, now())
+        .bind_channel(TransportType::Udp, peer_addr, d.now())
         .unwrap();
     assert!(matches!(
         d.until(&|e| matches!(

@@ -1,0 +1,592 @@
+//! The control plane end to end: the real `stunnerd` binary following a config file, a config
+//! discovery server speaking STUNner's protocol, and a Kubernetes API-server fake (LIST and
+//! chunked WATCH) through the real kube-rs client, with `turn-client-proto` relaying through it.
+
+mod support;
+
+#[path = "../../../control/tests/support/apiserver.rs"]
+mod apiserver;
+#[path = "../../../control/tests/support/cds.rs"]
+mod cds;
+
+use apiserver::{endpoint_slice, service, FakeApiServer, Kind};
+use serde_json::Value;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::time::Duration;
+use support::{free_port, status, wait_until, Driver, Stunnerd};
+use turn_client_proto::api::TurnEvent;
+
+const CREATE_PERMISSION: u16 = 0x0008;
+const CHANNEL_BIND: u16 = 0x0009;
+
+fn temp_file(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "uturn-{}-{}-{name}",
+        std::process::id(),
+        free_port()
+    ))
+}
+
+/// The discovery entry of `service` in `/status`.
+fn discovered(health: u16, service: &str) -> Option<Value> {
+    status(health)?["discovery"]["kubernetes"]
+        .as_array()?
+        .iter()
+        .find(|s| s["service"] == service)
+        .cloned()
+}
+
+fn listed(entry: &Option<Value>, field: &str, ip: &str) -> bool {
+    entry
+        .as_ref()
+        .and_then(|e| e[field].as_array().cloned())
+        .is_some_and(|a| a.iter().any(|v| v == ip))
+}
+
+fn kubernetes_config(turn: u16, health: u16, service: &str) -> String {
+    format!(
+        "version: v1\nadmin: {{name: media/gw, healthcheck_endpoint: \"http://127.0.0.1:{health}\"}}\n\
+         auth: {{type: static, credentials: {{username: alice, password: s3cret}}}}\n\
+         listeners: [{{name: udp, address: 127.0.0.1, port: {turn}, routes: [media]}}]\n\
+         clusters: [{{name: media, type: KUBERNETES, endpoints: [\"{service}\"]}}]\n"
+    )
+}
+
+/// A UDP "pod" on its own loopback address.
+fn pod(ip: &str) -> UdpSocket {
+    let socket = UdpSocket::bind((ip, 0)).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    socket
+}
+
+fn recv(socket: &UdpSocket) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 2048];
+    socket
+        .recv_from(&mut buf)
+        .ok()
+        .map(|(n, _)| buf[..n].to_vec())
+}
+
+fn got(d: &Driver, data: &[u8]) -> bool {
+    d.received.iter().any(|(_, p)| p == data)
+}
+
+/// The first field report: a media pod that starts draining keeps its calls, and only when
+/// its endpoint is finally gone does the gateway refuse it.
+#[test]
+fn terminating_endpoint_keeps_relaying_until_it_is_deleted() {
+    let api = FakeApiServer::start();
+    api.apply(
+        Kind::Service,
+        service("media", "media-server", &["10.96.0.10"]),
+    );
+    api.apply(
+        Kind::Slice,
+        endpoint_slice(
+            "media",
+            "media-server-abc",
+            "media-server",
+            &[("127.0.0.2", true, true, false)],
+        ),
+    );
+    let (turn, health) = (free_port(), free_port());
+    let config = temp_file("seed.yaml");
+    std::fs::write(
+        &config,
+        kubernetes_config(turn, health, "media/media-server"),
+    )
+    .unwrap();
+    let kubeconfig = api.kubeconfig(&std::env::temp_dir());
+    let server = Stunnerd::start(
+        &["-c", &format!("file://{}", config.display())],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    assert!(
+        wait_until(20, || listed(
+            &discovered(health, "media/media-server"),
+            "addresses",
+            "127.0.0.2"
+        )),
+        "the pod was never discovered: {:?}\n{}",
+        status(health),
+        server.logs()
+    );
+    let entry = discovered(health, "media/media-server");
+    assert!(listed(&entry, "clusterIPs", "10.96.0.10"), "{entry:?}");
+
+    let media = pod("127.0.0.2");
+    let media_addr = media.local_addr().unwrap();
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let relay = d.allocate().expect("allocation");
+    assert!(d.permit(media_addr.ip()));
+    assert!(d.bind(media_addr));
+    d.send(media_addr, b"hello pod");
+    assert_eq!(recv(&media).as_deref(), Some(&b"hello pod"[..]));
+    media.send_to(b"hello client", relay).unwrap();
+    d.drive(0.3);
+    assert!(got(&d, b"hello client"));
+
+    // The pod is deleted: it drains, its endpoint turns ready=false serving=true terminating=true.
+    api.apply(
+        Kind::Slice,
+        endpoint_slice(
+            "media",
+            "media-server-abc",
+            "media-server",
+            &[("127.0.0.2", false, true, true)],
+        ),
+    );
+    assert!(wait_until(10, || listed(
+        &discovered(health, "media/media-server"),
+        "terminating",
+        "127.0.0.2"
+    )));
+    // Refresh the permission (twice) and the channel: the client thinks minutes have passed.
+    let before = d.responses.len();
+    d.warp(Duration::from_secs(250));
+    d.drive(0.5);
+    d.warp(Duration::from_secs(295));
+    d.drive(0.5);
+    let refreshes = &d.responses[before..];
+    let ok = |method| refreshes.iter().any(|r| r.method == method && r.success);
+    assert!(
+        ok(CREATE_PERMISSION),
+        "no successful permission refresh: {refreshes:?}"
+    );
+    assert!(
+        ok(CHANNEL_BIND),
+        "no successful channel refresh: {refreshes:?}"
+    );
+    assert!(refreshes.iter().all(|r| r.success), "{refreshes:?}");
+    assert!(
+        !d.events.iter().any(|e| e.contains("Failed")),
+        "{:?}",
+        d.events
+    );
+    d.send(media_addr, b"still there");
+    assert_eq!(recv(&media).as_deref(), Some(&b"still there"[..]));
+    media.send_to(b"still here", relay).unwrap();
+    d.drive(0.3);
+    assert!(got(&d, b"still here"));
+
+    // The endpoint is finally removed.
+    api.delete(Kind::Slice, "media", "media-server-abc");
+    assert!(wait_until(10, || {
+        let entry = discovered(health, "media/media-server");
+        entry.is_some() && !listed(&entry, "addresses", "127.0.0.2")
+    }));
+    let mut late = Driver::new(turn_addr, "alice", "s3cret");
+    late.allocate().expect("allocation");
+    assert!(
+        !late.permit(media_addr.ip()),
+        "permission to a deleted endpoint granted"
+    );
+    assert!(
+        late.responses
+            .iter()
+            .any(|r| r.method == CREATE_PERMISSION && r.error_code == Some(403)),
+        "{:?}",
+        late.responses
+    );
+    d.send(media_addr, b"dropped");
+    assert_eq!(
+        recv(&media),
+        None,
+        "a datagram to a deleted endpoint was relayed"
+    );
+    media.send_to(b"dropped too", relay).unwrap();
+    d.drive(0.5);
+    assert!(
+        !got(&d, b"dropped too"),
+        "a datagram from a deleted endpoint was relayed"
+    );
+    let _ = std::fs::remove_file(config);
+    let _ = std::fs::remove_file(kubeconfig);
+}
+
+/// Two slices for one Service; one is deleted while the API server is away and its history
+/// compacted. The watch resumes with 410 Expired, relists, and the deleted slice's addresses go.
+#[test]
+fn relist_after_an_outage_drops_slices_deleted_meanwhile() {
+    let api = FakeApiServer::start();
+    api.apply(
+        Kind::Service,
+        service("media", "sfu", &["10.96.0.20", "fd00::20"]),
+    );
+    api.apply(
+        Kind::Slice,
+        endpoint_slice("media", "sfu-a", "sfu", &[("127.0.0.3", true, true, false)]),
+    );
+    api.apply(
+        Kind::Slice,
+        endpoint_slice("media", "sfu-b", "sfu", &[("127.0.0.4", true, true, false)]),
+    );
+    let (turn, health) = (free_port(), free_port());
+    let config = temp_file("relist.yaml");
+    std::fs::write(&config, kubernetes_config(turn, health, "media/sfu")).unwrap();
+    let kubeconfig = api.kubeconfig(&std::env::temp_dir());
+    let server = Stunnerd::start(
+        &[
+            "-c",
+            &format!("file://{}", config.display()),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let both = || {
+        let e = discovered(health, "media/sfu");
+        listed(&e, "addresses", "127.0.0.3") && listed(&e, "addresses", "127.0.0.4")
+    };
+    assert!(
+        wait_until(20, both),
+        "{:?}\n{}",
+        status(health),
+        server.logs()
+    );
+    assert!(listed(
+        &discovered(health, "media/sfu"),
+        "clusterIPs",
+        "fd00::20"
+    ));
+
+    api.set_up(false);
+    assert!(
+        wait_until(20, || discovered(health, "media/sfu").is_some_and(|e| e
+            ["api"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("unreachable"))),
+        "{:?}",
+        discovered(health, "media/sfu")
+    );
+    assert!(
+        server.logs().contains("Kubernetes API unreachable"),
+        "{}",
+        server.logs()
+    );
+    api.delete(Kind::Slice, "media", "sfu-b");
+    api.compact();
+    // Meanwhile the last known endpoints stay in force.
+    assert!(
+        both(),
+        "endpoints were dropped while the API server was away"
+    );
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    d.allocate().expect("allocation");
+    assert!(d.permit("127.0.0.4".parse::<IpAddr>().unwrap()));
+
+    api.set_up(true);
+    assert!(
+        wait_until(30, || {
+            let e = discovered(health, "media/sfu");
+            listed(&e, "addresses", "127.0.0.3")
+                && !listed(&e, "addresses", "127.0.0.4")
+                && e.is_some_and(|e| e["api"] == "connected")
+        }),
+        "{:?}\n{}",
+        discovered(health, "media/sfu"),
+        server.logs()
+    );
+    assert!(server.logs().contains("Kubernetes API reachable again"));
+    let lists = api
+        .requests()
+        .iter()
+        .filter(|r| r.contains("endpointslices") && !r.contains("watch=true"))
+        .count();
+    assert!(lists >= 2, "no relist: {:?}", api.requests());
+    assert!(
+        api.expired_served() >= 1,
+        "the watch never resumed from the compacted version: {:?}",
+        api.requests()
+    );
+    let mut late = Driver::new(turn_addr, "alice", "s3cret");
+    late.allocate().expect("allocation");
+    assert!(!late.permit("127.0.0.4".parse::<IpAddr>().unwrap()));
+    let _ = std::fs::remove_file(config);
+    let _ = std::fs::remove_file(kubeconfig);
+}
+
+fn static_config(turn: u16, health: u16, password: &str, extra: bool) -> String {
+    let (routes, clusters) = if extra {
+        (
+            "[media, extra]",
+            "[{name: media, endpoints: [127.0.0.1]}, {name: extra, endpoints: [127.0.0.9]}]",
+        )
+    } else {
+        ("[media]", "[{name: media, endpoints: [127.0.0.1]}]")
+    };
+    format!(
+        "version: v1\nadmin: {{name: media/gw, healthcheck_endpoint: \"http://127.0.0.1:{health}\"}}\n\
+         auth: {{type: static, credentials: {{username: alice, password: {password}}}}}\n\
+         listeners: [{{name: udp, address: 127.0.0.1, port: {turn}, routes: {routes}}}]\n\
+         clusters: {clusters}\n"
+    )
+}
+
+/// An echo peer on 127.0.0.1, answering until `stop` is set.
+fn echo_peer(stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> SocketAddr {
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let addr = socket.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok((n, from)) = socket.recv_from(&mut buf) {
+                let _ = socket.send_to(&buf[..n], from);
+            }
+        }
+    });
+    addr
+}
+
+/// A ConfigMap-style replacement of the config file (write aside, rename over) that adds a
+/// route and a cluster and rotates the password, while an allocation relays: nothing is lost.
+#[test]
+fn file_reconfiguration_loses_no_packet_of_a_live_allocation() {
+    let (turn, health) = (free_port(), free_port());
+    let config = temp_file("watch.yaml");
+    std::fs::write(&config, static_config(turn, health, "s3cret", false)).unwrap();
+    let server = Stunnerd::start(&["-w", "-c", &format!("file://{}", config.display())], &[]);
+    assert!(
+        wait_until(10, || status(health)
+            .is_some_and(|s| s["status"] == "READY")),
+        "{}",
+        server.logs()
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let peer = echo_peer(stop.clone());
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    d.allocate().expect("allocation");
+    assert!(d.permit(peer.ip()));
+    assert!(d.bind(peer));
+
+    const PACKETS: u32 = 1500;
+    let mut applied_mid_flow = false;
+    let started = std::time::Instant::now();
+    for seq in 0..PACKETS {
+        d.send(peer, format!("seq {seq:05}").as_bytes());
+        // One packet every 2 ms; the config changes a third of the way in.
+        while started.elapsed() < Duration::from_millis(2 * u64::from(seq + 1)) {
+            d.drive(0.001);
+        }
+        if seq == PACKETS / 3 {
+            let aside = config.with_extension("new");
+            std::fs::write(&aside, static_config(turn, health, "n3w", true)).unwrap();
+            std::fs::rename(&aside, &config).unwrap();
+        }
+        if seq == 2 * PACKETS / 3 {
+            applied_mid_flow = status(health).is_some_and(|s| {
+                s["auth"]["credentials"]["password"] == "n3w"
+                    && s["clusters"].as_array().is_some_and(|c| c.len() == 2)
+            });
+        }
+    }
+    d.drive(0.5);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        applied_mid_flow,
+        "the new config was not live while traffic flowed: {:?}",
+        status(health)
+    );
+    let echoed: std::collections::BTreeSet<Vec<u8>> =
+        d.received.iter().map(|(_, p)| p.clone()).collect();
+    let missing: Vec<u32> = (0..PACKETS)
+        .filter(|seq| !echoed.contains(format!("seq {seq:05}").as_bytes()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "lost {} packets: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(20)]
+    );
+    let status = status(health).unwrap();
+    assert_eq!(
+        status["allocationCount"], 1,
+        "the live allocation did not survive"
+    );
+    let logs = server.logs();
+    assert!(logs.contains("restarted objects: 0"), "{logs}");
+
+    // The rotation is in force: the new password allocates, the old one does not.
+    let mut fresh = Driver::new(turn_addr, "alice", "n3w");
+    assert!(fresh.allocate().is_some());
+    let mut stale = Driver::new(turn_addr, "alice", "s3cret");
+    let event = stale.until_for(2.0, &|e| matches!(e, TurnEvent::AllocationCreated(..)));
+    assert!(event.is_none(), "the old password still allocates");
+    let _ = std::fs::remove_file(config);
+}
+
+/// A realm change restarts the listener (stunnerd.md §2.8): its allocations go.
+#[test]
+fn realm_change_restarts_the_listener() {
+    let (turn, health) = (free_port(), free_port());
+    let config = temp_file("realm.yaml");
+    let text = static_config(turn, health, "s3cret", false);
+    std::fs::write(&config, &text).unwrap();
+    let server = Stunnerd::start(&["-w", "-c", &format!("file://{}", config.display())], &[]);
+    assert!(wait_until(10, || status(health)
+        .is_some_and(|s| s["status"] == "READY")));
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    d.allocate().expect("allocation");
+    assert!(wait_until(5, || status(health)
+        .is_some_and(|s| s["allocationCount"] == 1)));
+    std::fs::write(
+        &config,
+        text.replace("auth: {", "auth: {realm: other.example, "),
+    )
+    .unwrap();
+    assert!(
+        wait_until(10, || status(health).is_some_and(|s| s["allocationCount"]
+            == 0
+            && s["auth"]["realm"] == "other.example")),
+        "{:?}\n{}",
+        status(health),
+        server.logs()
+    );
+    assert!(server.logs().contains("restarted objects: 1"));
+    let mut again = Driver::new(turn_addr, "alice", "s3cret");
+    assert!(
+        again.allocate().is_some(),
+        "the restarted listener does not serve"
+    );
+    let _ = std::fs::remove_file(config);
+}
+
+fn cds_config(turn: u16, health: u16, realm: &str) -> String {
+    format!(
+        r#"{{"version":"v1","admin":{{"name":"media/gw","loglevel":"all:INFO","healthcheck_endpoint":"http://127.0.0.1:{health}"}},"auth":{{"type":"static","realm":"{realm}","credentials":{{"username":"alice","password":"s3cret"}}}},"listeners":[{{"name":"media/gw/udp","protocol":"TURN-UDP","address":"127.0.0.1","port":{turn},"routes":["media/route"]}}],"clusters":[{{"name":"media/route","type":"STATIC","protocol":"UDP","endpoints":["127.0.0.1"]}}]}}"#
+    )
+}
+
+fn realm_is(health: u16, realm: &str) -> bool {
+    status(health).is_some_and(|s| s["auth"]["realm"] == realm)
+}
+
+/// A CDS server pushes three configs over the WebSocket, a delete (zero config) that is
+/// ignored, and is then restarted: stunnerd reconnects and applies the next one.
+#[test]
+fn cds_watch_applies_pushes_and_survives_a_server_restart() {
+    let cds = cds::FakeCds::start("127.0.0.1:0");
+    let addr = cds.addr();
+    let (turn, health) = (free_port(), free_port());
+    cds.push("media/gw", &cds_config(turn, health, "one"));
+    let server = Stunnerd::start(
+        &["-w", "-c", &format!("http://{addr}"), "--id", "media/gw"],
+        &[("STUNNER_NODENAME", "node-1")],
+    );
+    assert!(
+        wait_until(10, || realm_is(health, "one")),
+        "{}",
+        server.logs()
+    );
+    cds.push("media/gw", &cds_config(turn, health, "two"));
+    assert!(
+        wait_until(10, || realm_is(health, "two")),
+        "{}",
+        server.logs()
+    );
+    cds.push("media/gw", &cds_config(turn, health, "three"));
+    assert!(
+        wait_until(10, || realm_is(health, "three")),
+        "{}",
+        server.logs()
+    );
+    let zero = r#"{"version":"v1","admin":{"name":"media/gw"},"auth":{"type":"static","realm":"stunner.l7mp.io","credentials":{"username":"dummy-username","password":"dummy-password"}},"listeners":[],"clusters":[]}"#;
+    cds.push("media/gw", zero);
+    cds.push(
+        "media/gw",
+        "{\"version\": \"v1\", \"listeners\": [{\"name\": \"x\", \"port\": 99999}]}",
+    );
+    assert!(
+        wait_until(5, || {
+            let logs = server.logs();
+            logs.contains("Ignoring delete configuration update")
+                && logs.contains("listeners[0].port")
+        }),
+        "a delete or an invalid config was not reported (the field must be named): {}",
+        server.logs()
+    );
+    assert!(
+        realm_is(health, "three"),
+        "a delete or an invalid config replaced the running one"
+    );
+    // Keepalive pings, one at once and then every 5 s.
+    assert!(wait_until(8, || cds
+        .pings()
+        .iter()
+        .filter(|p| p.as_slice() == b"keepalive")
+        .count()
+        >= 2));
+    assert!(
+        cds.requests()
+            .iter()
+            .any(|r| r == "/api/v1/configs/media/gw?node=node-1&watch=true"),
+        "{:?}",
+        cds.requests()
+    );
+    assert!(
+        cds.origins().iter().any(|o| *o == format!("http://{addr}")),
+        "{:?}",
+        cds.origins()
+    );
+    // The live listener relays through the watch.
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    assert!(d.allocate().is_some());
+
+    cds.stop();
+    std::thread::sleep(Duration::from_millis(1500));
+    let cds = cds::FakeCds::start(&addr.to_string());
+    cds.push("media/gw", &cds_config(turn, health, "four"));
+    assert!(
+        wait_until(15, || realm_is(health, "four")),
+        "{}",
+        server.logs()
+    );
+    assert!(
+        server
+            .logs()
+            .matches("connection successfully opened to config discovery server")
+            .count()
+            >= 2
+    );
+}
+
+/// Without -w, one GET: the config is applied; an unknown gateway is a clear error, exit 1.
+#[test]
+fn cds_one_shot_load() {
+    let cds = cds::FakeCds::start("127.0.0.1:0");
+    let addr = cds.addr();
+    let (turn, health) = (free_port(), free_port());
+    cds.push("media/gw", &cds_config(turn, health, "once"));
+    let _server = Stunnerd::start(&["-c", &format!("http://{addr}"), "--id", "media/gw"], &[]);
+    assert!(wait_until(10, || realm_is(health, "once")));
+    assert!(
+        cds.requests()
+            .iter()
+            .any(|r| r == "/api/v1/configs/media/gw"),
+        "{:?}",
+        cds.requests()
+    );
+    let mut missing = Stunnerd::start(
+        &["-c", &format!("http://{addr}"), "--id", "media/nope"],
+        &[],
+    );
+    assert_eq!(missing.wait_exit(), Some(1));
+    assert!(
+        missing
+            .logs()
+            .contains("Config not found for ID media/nope"),
+        "{}",
+        missing.logs()
+    );
+}
