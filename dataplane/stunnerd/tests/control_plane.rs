@@ -312,16 +312,21 @@ fn relist_after_an_outage_drops_slices_deleted_meanwhile() {
 }
 
 fn static_config(turn: u16, health: u16, password: &str, extra: bool) -> String {
-    let (routes, clusters) = if extra {
+    let (routes, clusters, loglevel) = if extra {
         (
             "[media, extra]",
             "[{name: media, endpoints: [127.0.0.1]}, {name: extra, endpoints: [127.0.0.9]}]",
+            "all:INFO,k8s:DEBUG",
         )
     } else {
-        ("[media]", "[{name: media, endpoints: [127.0.0.1]}]")
+        (
+            "[media]",
+            "[{name: media, endpoints: [127.0.0.1]}]",
+            "all:INFO",
+        )
     };
     format!(
-        "version: v1\nadmin: {{name: media/gw, healthcheck_endpoint: \"http://127.0.0.1:{health}\"}}\n\
+        "version: v1\nadmin: {{name: media/gw, loglevel: \"{loglevel}\", healthcheck_endpoint: \"http://127.0.0.1:{health}\"}}\n\
          auth: {{type: static, credentials: {{username: alice, password: {password}}}}}\n\
          listeners: [{{name: udp, address: 127.0.0.1, port: {turn}, routes: {routes}}}]\n\
          clusters: {clusters}\n"
@@ -414,6 +419,10 @@ fn file_reconfiguration_loses_no_packet_of_a_live_allocation() {
     );
     let logs = server.logs();
     assert!(logs.contains("restarted objects: 0"), "{logs}");
+    assert!(
+        logs.contains("Setting loglevel to \"all:INFO,k8s:DEBUG\""),
+        "admin change not applied: {logs}"
+    );
 
     // The rotation is in force: the new password allocates, the old one does not.
     let mut fresh = Driver::new(turn_addr, "alice", "n3w");
@@ -589,4 +598,153 @@ fn cds_one_shot_load() {
         "{}",
         missing.logs()
     );
+}
+
+/// A STRICT_DNS cluster admits what its hostname resolves to (IP only), and nothing else.
+#[test]
+fn strict_dns_cluster_admits_resolved_addresses() {
+    let (turn, health) = (free_port(), free_port());
+    let config = temp_file("dns.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: v1\nadmin: {{healthcheck_endpoint: \"http://127.0.0.1:{health}\"}}\n\
+             auth: {{credentials: {{username: alice, password: s3cret}}}}\n\
+             listeners: [{{name: udp, address: 127.0.0.1, port: {turn}, routes: [dns]}}]\n\
+             clusters: [{{name: dns, type: STRICT_DNS, endpoints: [localhost]}}]\n"
+        ),
+    )
+    .unwrap();
+    let server = Stunnerd::start(&["-c", &format!("file://{}", config.display())], &[]);
+    assert!(
+        wait_until(10, || status(health)
+            .is_some_and(|s| s["discovery"]["dns"][0]["addresses"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|ip| ip == "127.0.0.1")))),
+        "{:?}\n{}",
+        status(health),
+        server.logs()
+    );
+    let peer = pod("127.0.0.1");
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let relay = d.allocate().expect("allocation");
+    assert!(d.permit(peer.local_addr().unwrap().ip()));
+    d.send(peer.local_addr().unwrap(), b"resolved");
+    assert_eq!(recv(&peer).as_deref(), Some(&b"resolved"[..]));
+    peer.send_to(b"back", relay).unwrap();
+    d.drive(0.3);
+    assert!(got(&d, b"back"));
+    assert!(!d.permit("127.0.0.5".parse().unwrap()));
+    let _ = std::fs::remove_file(config);
+}
+
+/// A listener added by a reconcile opens on every shard that owns one of its sockets; removing
+/// it closes them and frees its allocations, while the other listener keeps its own.
+#[test]
+fn listeners_open_and_close_live_on_every_shard() {
+    let (turn, extra, health) = (free_port(), free_port(), free_port());
+    let config = temp_file("listeners.yaml");
+    let one = static_config(turn, health, "s3cret", false);
+    let two = one.replace(
+        "listeners: [",
+        &format!(
+            "listeners: [{{name: extra, address: 127.0.0.1, port: {extra}, routes: [media]}}, "
+        ),
+    );
+    std::fs::write(&config, &one).unwrap();
+    let server = Stunnerd::start(
+        &[
+            "-w",
+            "-u",
+            "2",
+            "-c",
+            &format!("file://{}", config.display()),
+        ],
+        &[("UTURN_SHARDS", "2")],
+    );
+    assert!(wait_until(10, || status(health)
+        .is_some_and(|s| s["status"] == "READY")));
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let extra_addr: SocketAddr = format!("127.0.0.1:{extra}").parse().unwrap();
+    let mut kept = Driver::new(turn_addr, "alice", "s3cret");
+    kept.allocate().expect("allocation");
+
+    std::fs::write(&config, &two).unwrap();
+    let opened = |shard: usize| {
+        format!("listener \"extra\" (TURN-UDP, port {extra}, relay address 127.0.0.1) serving on shard {shard}")
+    };
+    assert!(
+        wait_until(10, || {
+            let logs = server.logs();
+            logs.contains(&opened(0)) && logs.contains(&opened(1))
+        }),
+        "{}",
+        server.logs()
+    );
+    let mut d = Driver::new(extra_addr, "alice", "s3cret");
+    d.allocate().expect("allocation on the new listener");
+    assert!(wait_until(5, || status(health)
+        .is_some_and(|s| s["allocationCount"] == 2)));
+
+    std::fs::write(&config, &one).unwrap();
+    assert!(
+        wait_until(10, || status(health)
+            .is_some_and(|s| s["allocationCount"] == 1)),
+        "the removed listener's allocation was not freed: {:?}",
+        status(health)
+    );
+    let mut late = Driver::new(extra_addr, "alice", "s3cret");
+    assert!(late
+        .until_for(1.5, &|e| matches!(e, TurnEvent::AllocationCreated(..)))
+        .is_none());
+    let peer = pod("127.0.0.1");
+    assert!(kept.permit(peer.local_addr().unwrap().ip()));
+    kept.send(peer.local_addr().unwrap(), b"kept");
+    assert_eq!(recv(&peer).as_deref(), Some(&b"kept"[..]));
+    let _ = std::fs::remove_file(config);
+}
+
+/// `-w` on a file that does not exist yet waits for it; an invalid or empty update is
+/// reported with the field and value and the running config stays.
+#[test]
+fn file_watch_waits_for_the_file_and_keeps_the_config_on_bad_updates() {
+    let (turn, health) = (free_port(), free_port());
+    let config = temp_file("later.yaml");
+    let server = Stunnerd::start(&["-w", "-c", &format!("file://{}", config.display())], &[]);
+    assert!(
+        wait_until(10, || server.logs().contains("Waiting for config file")),
+        "{}",
+        server.logs()
+    );
+    std::fs::write(&config, static_config(turn, health, "s3cret", false)).unwrap();
+    assert!(wait_until(10, || status(health)
+        .is_some_and(|s| s["status"] == "READY")));
+    std::fs::write(
+        &config,
+        static_config(turn, health, "s3cret", false).replace(
+            "address: 127.0.0.1",
+            "address: 127.0.0.1, protocol: TURN-SCTP",
+        ),
+    )
+    .unwrap();
+    assert!(
+        wait_until(10, || server.logs().contains("TURN-SCTP")),
+        "the invalid value is not named: {}",
+        server.logs()
+    );
+    let logs = server.logs();
+    assert!(
+        logs.contains("listeners[0].protocol"),
+        "the invalid field is not named: {logs}"
+    );
+    std::fs::write(&config, "").unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let running = status(health).unwrap();
+    assert_eq!(running["status"], "READY");
+    assert_eq!(running["listeners"][0]["protocol"], "TURN-UDP");
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    assert!(d.allocate().is_some(), "the running config stopped serving");
+    let _ = std::fs::remove_file(config);
 }
