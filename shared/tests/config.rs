@@ -1126,3 +1126,34 @@ fn odd_but_valid_documents_parse() {
     let bom = "\u{feff}version: v1\nauth: {credentials: {username: u, password: p}}";
     assert_eq!(parse_ok(bom).version, "v1");
 }
+
+#[test]
+fn kubernetes_cluster_endpoints_name_services() {
+    let config = parse_ok(&json_with(
+        r#""clusters": [{"name": "k", "type": "kubernetes", "endpoints": ["media/media-server:<10000-20000>", "media/sfu"]}]"#,
+    ));
+    assert_eq!(config.clusters[0].cluster_type, ClusterType::Kubernetes);
+    let service = ServiceEndpoint::parse(&config.clusters[0].endpoints[0]).unwrap();
+    assert_eq!(
+        (service.key(), service.port_min, service.port_max),
+        ("media/media-server".to_string(), 10000, 20000)
+    );
+    let sfu = ServiceEndpoint::parse("media/sfu").unwrap();
+    assert_eq!((sfu.port_min, sfu.port_max), (1, 65535));
+    for (bad, why) in [
+        ("media-server", "no namespace"),
+        ("Media/x", "DNS-1123"),
+        ("media/-x", "DNS-1123"),
+        ("media/", "DNS-1123"),
+    ] {
+        let err = parse(&json_with(&format!(
+            r#""clusters": [{{"name": "k", "type": "KUBERNETES", "endpoints": ["{bad}"]}}]"#
+        )))
+        .unwrap_err();
+        assert_eq!(err.field, "clusters[0].endpoints[0]", "{bad}");
+        assert_eq!(err.value, bad);
+        assert!(err.message.contains(why), "{bad}: {err}");
+    }
+    let err = parse(&json_with(r#""clusters": [{"name": "k", "type": "EDS"}]"#)).unwrap_err();
+    assert!(err.message.contains("KUBERNETES"), "{err}");
+}

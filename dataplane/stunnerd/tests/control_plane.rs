@@ -586,9 +586,14 @@ fn cds_one_shot_load() {
         "{:?}",
         cds.requests()
     );
+    // The bare HOST:PORT form from the environment, the id from STUNNER_NAMESPACE/NAME.
     let mut missing = Stunnerd::start(
-        &["-c", &format!("http://{addr}"), "--id", "media/nope"],
         &[],
+        &[
+            ("STUNNER_CONFIG_ORIGIN", &addr.to_string()),
+            ("STUNNER_NAMESPACE", "media"),
+            ("STUNNER_NAME", "nope"),
+        ],
     );
     assert_eq!(missing.wait_exit(), Some(1));
     assert!(
