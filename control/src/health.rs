@@ -1,6 +1,8 @@
-//! The health-check server at `admin.healthcheck_endpoint`: `/live`, `/ready` and `/status`,
-//! byte for byte as stunnerd answers them (stunnerd.md §5). Paths match exactly and accept any
-//! method; anything else is a 404.
+//! The admin HTTP servers: health checks at `admin.healthcheck_endpoint` (`/live`, `/ready`,
+//! `/status`, byte for byte as stunnerd answers them, stunnerd.md §5: paths match exactly and
+//! accept any method, anything else is a 404) and Prometheus metrics at
+//! `admin.metrics_endpoint`. One small HTTP/1.1 responder serves both; every answer closes the
+//! connection.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,23 +17,60 @@ pub trait HealthSource: Send + Sync {
     fn status_json(&self) -> String;
 }
 
+/// An answer: status code, content type and body.
+pub type Answer = (u16, &'static str, String);
+
+/// Maps a request path (query stripped) to its answer.
+pub type Handler = Arc<dyn Fn(&[u8]) -> Answer + Send + Sync>;
+
+const JSON: &str = "application/json; charset=utf-8";
+const TEXT: &str = "text/plain; charset=utf-8";
+/// The content type of the Prometheus text exposition format.
+pub const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
 const MAX_REQUEST: usize = 8 << 10;
 
-/// Serves health checks on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, source: Arc<dyn HealthSource>) {
+/// The 404 stunnerd (Go's mux) answers.
+pub fn not_found() -> Answer {
+    (404, TEXT, "404 page not found\n".to_string())
+}
+
+/// The health-check routes over `source`.
+pub fn health_handler(source: Arc<dyn HealthSource>) -> Handler {
+    Arc::new(move |path| match path {
+        b"/live" => (200, JSON, "{}\n".to_string()),
+        b"/ready" if source.ready() => (
+            200,
+            JSON,
+            "{\"status\":200,\"message\":\"READY\"}\n".to_string(),
+        ),
+        b"/ready" => (
+            503,
+            JSON,
+            "{\"status\":503,\"message\":\"stunnerd not ready\"}\n".to_string(),
+        ),
+        b"/status" => (200, JSON, source.status_json() + "\n"),
+        _ => not_found(),
+    })
+}
+
+/// Serves `handler` on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, handler: Handler) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let source = source.clone();
+        let handler = handler.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), answer(stream, &*source)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), answer(stream, &*handler)).await;
         });
     }
 }
 
-async fn answer(mut stream: TcpStream, source: &dyn HealthSource) -> std::io::Result<()> {
+async fn answer(
+    mut stream: TcpStream,
+    handler: &(dyn Fn(&[u8]) -> Answer + Send + Sync),
+) -> std::io::Result<()> {
     let mut request = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     while !request.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -44,27 +83,11 @@ async fn answer(mut stream: TcpStream, source: &dyn HealthSource) -> std::io::Re
     let line = request.split(|&b| b == b'\r').next().unwrap_or_default();
     let target = line.split(|&b| b == b' ').nth(1).unwrap_or_default();
     let path = target.split(|&b| b == b'?').next().unwrap_or_default();
-    let (status, body) = match path {
-        b"/live" => (200, "{}\n".to_string()),
-        b"/ready" if source.ready() => {
-            (200, "{\"status\":200,\"message\":\"READY\"}\n".to_string())
-        }
-        b"/ready" => (
-            503,
-            "{\"status\":503,\"message\":\"stunnerd not ready\"}\n".to_string(),
-        ),
-        b"/status" => (200, source.status_json() + "\n"),
-        _ => (404, "404 page not found\n".to_string()),
-    };
+    let (status, content_type, body) = handler(path);
     let reason = match status {
         200 => "OK",
         503 => "Service Unavailable",
         _ => "Not Found",
-    };
-    let content_type = if status == 404 {
-        "text/plain; charset=utf-8"
-    } else {
-        "application/json; charset=utf-8"
     };
     let response = format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

@@ -13,6 +13,7 @@ pub mod file;
 pub mod health;
 pub mod kubernetes;
 pub mod origin;
+pub mod process;
 pub mod state;
 
 use kubernetes::KubeOptions;
@@ -29,6 +30,8 @@ use uturn_shared::snapshot::SnapshotHandle;
 
 /// The default health-check port (`http://:8086`).
 pub const DEFAULT_HEALTHCHECK_PORT: u16 = 8086;
+/// The default metrics port (`http://:8080/metrics`).
+pub const DEFAULT_METRICS_PORT: u16 = 8080;
 
 /// Something the control loop must apply.
 #[derive(Debug)]
@@ -68,6 +71,10 @@ pub struct ControlConfig {
     pub allocations: Arc<dyn Fn() -> u64 + Send + Sync>,
     /// Called after each applied config (e.g. to apply `admin.loglevel`).
     pub on_config: Box<dyn Fn(&StunnerConfig) + Send>,
+    /// Appends the dataplane's metrics (Prometheus text) for a scrape.
+    pub metrics: Arc<dyn Fn(&mut String) + Send + Sync>,
+    /// `--force-ready-status`: `/ready` answers 200 always, also while draining.
+    pub force_ready: bool,
 }
 
 /// The running control thread.
@@ -83,6 +90,7 @@ impl Control {
         let (events, receiver) = unbounded_channel();
         let status = Arc::new(StatusBoard {
             allocations: config.allocations.clone(),
+            force_ready: config.force_ready,
             view: Mutex::new(StatusView::default()),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -103,6 +111,15 @@ impl Control {
     /// Stops following the config origin: the running config stays until exit.
     pub fn stop_watching(&self) {
         let _ = self.events.send(Event::StopWatching);
+    }
+
+    /// Graceful shutdown: no later config is applied, `/ready` fails (unless forced) and
+    /// `/status` says `TERMINATING`. Everything else keeps running.
+    pub fn begin_drain(&self) {
+        if let Ok(mut view) = self.status.view.lock() {
+            view.draining = true;
+        }
+        self.stop_watching();
     }
 
     /// Whether a non-zero config has been applied.
@@ -127,17 +144,47 @@ impl Drop for Control {
 struct StatusView {
     config: Value,
     ready: bool,
+    draining: bool,
     discovery: Value,
 }
 
 struct StatusBoard {
     allocations: Arc<dyn Fn() -> u64 + Send + Sync>,
+    force_ready: bool,
     view: Mutex<StatusView>,
+}
+
+const REDACTED: &str = "<redacted>";
+
+/// The running config as `/status` shows it: passwords, shared secrets, TLS keys and license
+/// keys are replaced, so a status scrape never leaks a credential.
+pub fn redacted(config: &StunnerConfig) -> Value {
+    let mut doc: Value = serde_json::from_str(&config.to_json()).unwrap_or(Value::Null);
+    if let Some(credentials) = doc["auth"]["credentials"].as_object_mut() {
+        for (key, value) in credentials.iter_mut() {
+            if key != "username" {
+                *value = json!(REDACTED);
+            }
+        }
+    }
+    if let Some(listeners) = doc["listeners"].as_array_mut() {
+        for listener in listeners {
+            if listener["key"].as_str().is_some_and(|k| !k.is_empty()) {
+                listener["key"] = json!(REDACTED);
+            }
+        }
+    }
+    if let Some(admin) = doc["admin"].as_object_mut() {
+        if admin.contains_key("license_config") {
+            admin.insert("license_config".into(), json!(REDACTED));
+        }
+    }
+    doc
 }
 
 impl health::HealthSource for StatusBoard {
     fn ready(&self) -> bool {
-        self.view.lock().map(|v| v.ready).unwrap_or(false)
+        self.force_ready || self.view.lock().is_ok_and(|v| v.ready && !v.draining)
     }
 
     fn status_json(&self) -> String {
@@ -149,10 +196,14 @@ impl health::HealthSource for StatusBoard {
             _ => serde_json::Map::new(),
         };
         doc.insert("allocationCount".into(), json!((self.allocations)()));
-        doc.insert(
-            "status".into(),
-            json!(if view.ready { "READY" } else { "NOT-READY" }),
-        );
+        let status = if view.draining {
+            "TERMINATING"
+        } else if view.ready {
+            "READY"
+        } else {
+            "NOT-READY"
+        };
+        doc.insert("status".into(), json!(status));
         doc.insert("discovery".into(), view.discovery.clone());
         Value::Object(doc).to_string()
     }
@@ -184,7 +235,7 @@ impl StatusBoard {
             .map(|(host, ips)| json!({"hostname": host, "addresses": ips}))
             .collect();
         if let Ok(mut view) = self.view.lock() {
-            view.config = serde_json::from_str(&state.config().to_json()).unwrap_or(Value::Null);
+            view.config = redacted(state.config());
             view.ready = state.ready();
             view.discovery = json!({"kubernetes": services, "dns": dns});
         }
@@ -198,6 +249,7 @@ struct Tasks {
     services: BTreeMap<String, JoinHandle<()>>,
     dns: BTreeMap<String, JoinHandle<()>>,
     health: Option<(String, JoinHandle<()>)>,
+    metrics: Option<(String, JoinHandle<()>)>,
 }
 
 impl Tasks {
@@ -207,6 +259,7 @@ impl Tasks {
         events: &UnboundedSender<Event>,
         kube: &KubeOptions,
         board: &Arc<StatusBoard>,
+        metrics: &Arc<dyn Fn(&mut String) + Send + Sync>,
     ) {
         self.services.retain(|key, task| {
             let keep = state.services().contains_key(key);
@@ -254,33 +307,64 @@ impl Tasks {
             if let Some((_, task)) = self.health.take() {
                 task.abort();
             }
-            let task = start_health(&endpoint, board.clone());
+            let source: Arc<dyn health::HealthSource> = board.clone();
+            let task = start_http("health-check", &endpoint, DEFAULT_HEALTHCHECK_PORT, |_| {
+                health::health_handler(source)
+            });
             self.health = Some((endpoint, task));
+        }
+        let endpoint = state.config().admin.metrics_endpoint.clone();
+        if self.metrics.as_ref().map(|(e, _)| e) != Some(&endpoint) {
+            if let Some((_, task)) = self.metrics.take() {
+                task.abort();
+            }
+            let dataplane = metrics.clone();
+            let task = start_http("metrics", &endpoint, DEFAULT_METRICS_PORT, move |path| {
+                let path = path.into_bytes();
+                Arc::new(move |request: &[u8]| {
+                    if request != path.as_slice() {
+                        return health::not_found();
+                    }
+                    let mut body = String::with_capacity(4096);
+                    dataplane(&mut body);
+                    process::render(&mut body);
+                    (200, health::PROMETHEUS, body)
+                })
+            });
+            self.metrics = Some((endpoint, task));
         }
     }
 }
 
-fn start_health(endpoint: &str, board: Arc<StatusBoard>) -> JoinHandle<()> {
+/// Starts the `what` HTTP server on `endpoint` (nothing if empty), with the handler that
+/// `handler` makes for the endpoint's path.
+fn start_http(
+    what: &'static str,
+    endpoint: &str,
+    default_port: u16,
+    handler: impl FnOnce(String) -> health::Handler + Send + 'static,
+) -> JoinHandle<()> {
     let endpoint = endpoint.to_string();
     tokio::spawn(async move {
         if endpoint.is_empty() {
             return;
         }
-        let addr = match parse_http_endpoint(&endpoint, DEFAULT_HEALTHCHECK_PORT) {
-            Ok(e) => e.addr,
+        let parsed = match parse_http_endpoint(&endpoint, default_port) {
+            Ok(e) => e,
             Err(e) => {
-                tracing::error!(target: "stunnerd", "health-check server not started: {e}");
+                tracing::error!(target: "stunnerd", "{what} server not started: {e}");
                 return;
             }
         };
-        match tokio::net::TcpListener::bind(addr).await {
+        match tokio::net::TcpListener::bind(parsed.addr).await {
             Ok(listener) => {
-                tracing::info!(target: "stunnerd", "health-check server listening on http://{addr}");
-                health::serve(listener, board).await;
+                tracing::info!(target: "stunnerd", "{what} server listening on http://{}{}", parsed.addr, parsed.path);
+                health::serve(listener, handler(parsed.path)).await;
             }
             Err(e) => tracing::error!(
                 target: "stunnerd",
-                "cannot open the health-check server on {addr}: {e}; set admin.healthcheck_endpoint to a free address, or \"\" to disable it"
+                "cannot open the {what} server on {}: {e}; set the admin endpoint to a free address, or \"\" to disable it",
+                parsed.addr
             ),
         }
     })
@@ -304,7 +388,7 @@ async fn run(
     };
     // Discovery fills in KUBERNETES and STRICT_DNS clusters of the initial config as it lands.
     loop {
-        tasks.sync(&state, &events, &config.kube, &board);
+        tasks.sync(&state, &events, &config.kube, &board, &config.metrics);
         board.update(&state);
         let Some(first) = receiver.recv().await else {
             return;

@@ -499,6 +499,7 @@ fn send_and_data_indications_relay_with_permission_and_admission() {
             relay,
             peer,
             payload,
+            ..
         } => {
             assert_eq!(relay, RelayId(0));
             assert_eq!(peer, PEER.parse().unwrap());

@@ -3,6 +3,7 @@
 //! [`crate::proto::Engine`]. The config arrives as an arc-swap [`Snapshot`] that every shard
 //! reads through its own `arc_swap::Cache`; nothing is locked or shared per packet.
 
+pub mod metrics;
 mod shard;
 pub mod socket;
 
@@ -54,6 +55,8 @@ pub struct ShardStats {
     pub relayed_to_peer: AtomicU64,
     /// Datagrams relayed peer → client.
     pub relayed_to_client: AtomicU64,
+    /// Traffic by listener and cluster, and drops by reason; replaced once per tick.
+    pub report: std::sync::Mutex<metrics::ShardReport>,
 }
 
 /// A running dataplane: its shards and their published counters.

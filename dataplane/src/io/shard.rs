@@ -2,6 +2,7 @@
 //! a shard-local engine. Tasks share the shard through `Rc<RefCell<_>>`; no borrow is held
 //! across an `.await`.
 
+use super::metrics::{Named, ShardReport};
 use super::socket::{canonical, for_socket, listener_socket, relay_socket};
 use super::ShardStats;
 use crate::proto::{
@@ -19,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uturn_shared::config::ListenerProtocol;
-use uturn_shared::snapshot::{ListenerSpec, Snapshot};
+use uturn_shared::snapshot::{ClusterId, ListenerSpec, Snapshot};
 
 /// Datagrams of this size or more are dropped as possibly truncated (as stunnerd).
 const MAX_DATAGRAM: usize = 1600;
@@ -44,6 +45,8 @@ pub fn listener_sockets_on_shard(udp_thread_num: usize, shards: usize, index: us
 
 struct RunningListener {
     id: ListenerId,
+    /// Slot of this listener's name in the shard's listener counters.
+    metric: usize,
     spec: ListenerSpec,
     /// The address every socket of this listener is bound to (all share it via SO_REUSEPORT).
     local_addr: SocketAddr,
@@ -61,6 +64,29 @@ struct Counters {
     listener_rx_packets: u64,
     relayed_to_peer: u64,
     relayed_to_client: u64,
+    /// Datagrams dropped before the engine saw them (too big).
+    oversized: u64,
+    listeners: Named,
+    clusters: Named,
+    /// `ClusterId` → slot in `clusters`, for the snapshot generation `cluster_generation`.
+    cluster_slots: Vec<usize>,
+    cluster_generation: Option<u64>,
+}
+
+impl Counters {
+    /// The counter slot of cluster `id` of `snap`.
+    fn cluster(&mut self, snap: &Snapshot, id: ClusterId) -> Option<usize> {
+        if self.cluster_generation != Some(snap.generation) {
+            self.cluster_generation = Some(snap.generation);
+            let clusters = &mut self.clusters;
+            self.cluster_slots = snap
+                .clusters
+                .iter()
+                .map(|c| clusters.slot(&c.name))
+                .collect();
+        }
+        self.cluster_slots.get(id).copied()
+    }
 }
 
 struct Shard {
@@ -136,6 +162,22 @@ fn publish(shard: &Shard, stats: &ShardStats) {
     stats
         .relayed_to_client
         .store(shard.counters.relayed_to_client, Ordering::Relaxed);
+    let mut report = ShardReport {
+        listeners: shard.counters.listeners.clone(),
+        clusters: shard.counters.clusters.clone(),
+        dropped: engine.dropped,
+        auth_failed: engine.auth_failures,
+    };
+    report.dropped[DropReason::Malformed.index()] += shard.counters.oversized;
+    for open in report.listeners.open.iter_mut() {
+        *open = 0;
+    }
+    for l in &shard.listeners {
+        report.listeners.open[l.metric] += l.sockets.len() as u64;
+    }
+    if let Ok(mut published) = stats.report.lock() {
+        *published = report;
+    }
 }
 
 /// Opens listeners the snapshot adds and closes those it removes (or changes in a way that
@@ -189,9 +231,10 @@ fn reconcile_listeners(shard: &ShardRef, snap: &Snapshot, setup: &ShardSetup) {
         if sockets.is_empty() {
             continue;
         }
+        let metric = shard.borrow_mut().counters.listeners.slot(&spec.name);
         let tasks = sockets
             .iter()
-            .map(|socket| spawn_local(listener_loop(shard.clone(), id, socket.clone())))
+            .map(|socket| spawn_local(listener_loop(shard.clone(), id, metric, socket.clone())))
             .collect();
         tracing::info!(
             target: "stunner",
@@ -205,8 +248,11 @@ fn reconcile_listeners(shard: &ShardRef, snap: &Snapshot, setup: &ShardSetup) {
         let Ok(local_addr) = sockets[0].local_addr() else {
             continue;
         };
-        shard.borrow_mut().listeners.push(RunningListener {
+        let mut s = shard.borrow_mut();
+        s.counters.listeners.opened[metric] += sockets.len() as u64;
+        s.listeners.push(RunningListener {
             id,
+            metric,
             spec: spec.clone(),
             local_addr,
             sockets,
@@ -226,10 +272,15 @@ fn close_relays(shard: &mut Shard) {
 enum Send {
     Nothing,
     Reply(usize),
-    Relay(Rc<UdpSocket>, SocketAddr, std::ops::Range<usize>),
+    Relay(
+        Rc<UdpSocket>,
+        SocketAddr,
+        std::ops::Range<usize>,
+        Option<usize>,
+    ),
 }
 
-async fn listener_loop(shard: ShardRef, id: ListenerId, socket: Rc<UdpSocket>) {
+async fn listener_loop(shard: ShardRef, id: ListenerId, metric: usize, socket: Rc<UdpSocket>) {
     let Ok(local) = socket.local_addr() else {
         return;
     };
@@ -245,19 +296,30 @@ async fn listener_loop(shard: ShardRef, id: ListenerId, socket: Rc<UdpSocket>) {
             let mut guard = shard.borrow_mut();
             let s = &mut *guard;
             s.counters.listener_rx_packets += 1;
+            s.counters.listeners.traffic[metric].rx(len);
             if len >= MAX_DATAGRAM {
+                s.counters.oversized += 1;
                 Send::Nothing
             } else {
                 handle_client_datagram(s, &shard, id, from, &buf[..len], &mut out)
             }
         };
-        let result = match send {
-            Send::Nothing => continue,
-            Send::Reply(n) => socket.send_to(&out[..n], for_socket(local, from)).await,
-            Send::Relay(relay, peer, payload) => relay.send_to(&buf[payload], peer).await,
-        };
-        if let Err(e) = result {
-            tracing::debug!(target: "stunner", "send failed: {e}");
+        match send {
+            Send::Nothing => {}
+            Send::Reply(n) => match socket.send_to(&out[..n], for_socket(local, from)).await {
+                Ok(sent) => shard.borrow_mut().counters.listeners.traffic[metric].tx(sent),
+                Err(e) => tracing::debug!(target: "stunner", "send failed: {e}"),
+            },
+            Send::Relay(relay, peer, payload, cluster) => {
+                match relay.send_to(&buf[payload], peer).await {
+                    Ok(sent) => {
+                        if let Some(cluster) = cluster {
+                            shard.borrow_mut().counters.clusters.traffic[cluster].tx(sent);
+                        }
+                    }
+                    Err(e) => tracing::debug!(target: "stunner", "send failed: {e}"),
+                }
+            }
         }
     }
 }
@@ -302,10 +364,12 @@ fn handle_client_datagram(
             relay,
             peer,
             payload,
+            cluster,
         } => match relays.get(relay.0 as usize).and_then(|r| r.as_ref()) {
             Some(slot) => {
                 counters.relayed_to_peer += 1;
-                Send::Relay(slot.socket.clone(), peer, payload)
+                let cluster = counters.cluster(snap, cluster);
+                Send::Relay(slot.socket.clone(), peer, payload, cluster)
             }
             None => Send::Nothing,
         },
@@ -387,33 +451,40 @@ async fn relay_loop(shard: ShardRef, relay: RelayId, socket: Rc<UdpSocket>) {
                     listener,
                     client,
                     bytes,
-                } => s
-                    .listeners
-                    .iter()
-                    .find(|l| l.id == listener)
-                    .and_then(|l| {
-                        l.sockets
-                            .first()
-                            .map(|socket| (socket.clone(), l.local_addr))
-                    })
-                    .map(|(socket, local)| {
-                        s.counters.relayed_to_client += 1;
-                        (socket, local, client, bytes)
-                    }),
+                    cluster,
+                    payload_len,
+                } => {
+                    if let Some(slot) = s.counters.cluster(snap, cluster) {
+                        s.counters.clusters.traffic[slot].rx(payload_len);
+                    }
+                    s.listeners
+                        .iter()
+                        .find(|l| l.id == listener)
+                        .and_then(|l| {
+                            l.sockets
+                                .first()
+                                .map(|socket| (socket.clone(), l.local_addr, l.metric))
+                        })
+                        .map(|(socket, local, metric)| {
+                            s.counters.relayed_to_client += 1;
+                            (socket, local, metric, client, bytes)
+                        })
+                }
             }
         };
-        let Some((listener_socket, local, client, bytes)) = send else {
+        let Some((listener_socket, local, metric, client, bytes)) = send else {
             continue;
         };
         let data = match bytes {
             Bytes::Input(range) => &buf[range],
             Bytes::Output(n) => &out[..n],
         };
-        if let Err(e) = listener_socket
+        match listener_socket
             .send_to(data, for_socket(local, client))
             .await
         {
-            tracing::debug!(target: "stunner", "send to client failed: {e}");
+            Ok(sent) => shard.borrow_mut().counters.listeners.traffic[metric].tx(sent),
+            Err(e) => tracing::debug!(target: "stunner", "send to client failed: {e}"),
         }
     }
 }

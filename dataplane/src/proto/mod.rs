@@ -13,6 +13,7 @@
 //! 4. After any call, drain [`Engine::poll_close`] and close those relay sockets.
 
 mod nonce;
+pub mod ratelimit;
 mod wire;
 
 pub use nonce::{NonceCheck, NonceIssuer, NONCE_LIFETIME_SECS};
@@ -92,6 +93,8 @@ pub enum ClientAction {
         peer: SocketAddr,
         /// Payload, a range of the input datagram.
         payload: Range<usize>,
+        /// The cluster that admitted the peer (for per-cluster counters).
+        cluster: ClusterId,
     },
     /// Bind a relay socket as described, then call [`Engine::complete_allocate`].
     AllocateRelay(RelayRequest),
@@ -142,6 +145,10 @@ pub enum PeerAction {
         client: SocketAddr,
         /// Where the bytes are.
         bytes: Bytes,
+        /// The cluster that admitted the peer.
+        cluster: ClusterId,
+        /// Payload bytes received from the peer.
+        payload_len: usize,
     },
 }
 
@@ -225,7 +232,7 @@ pub struct EngineStats {
     pub allocations_created: u64,
     /// Allocations that expired or were deleted.
     pub allocations_deleted: u64,
-    /// Error responses sent, by class: 400, 401, 403, 437, 438, 4xx other, 5xx.
+    /// Requests whose credentials were refused (a 401 to a request with MESSAGE-INTEGRITY).
     pub auth_failures: u64,
 }
 
@@ -238,8 +245,8 @@ struct ClientKey {
 struct Permission {
     ip: IpAddr,
     expires_at: Instant,
-    /// Admission verdict for the last peer port seen: (generation, port, admitted).
-    verdict: Option<(u64, u16, bool)>,
+    /// Admission verdict for the last peer port seen: (generation, port, admitting cluster).
+    verdict: Option<(u64, u16, Option<ClusterId>)>,
 }
 
 struct Channel {
@@ -292,6 +299,7 @@ pub struct Engine {
     next_sweep: Option<Instant>,
     indication_counter: u64,
     stats: EngineStats,
+    denial_log: ratelimit::LogLimiter,
 }
 
 impl Engine {
@@ -308,6 +316,7 @@ impl Engine {
             next_sweep: None,
             indication_counter: 0,
             stats: EngineStats::default(),
+            denial_log: ratelimit::LogLimiter::default(),
         }
     }
 
@@ -387,13 +396,14 @@ impl Engine {
             return ClientAction::Drop(self.dropped(DropReason::NoChannel));
         };
         let peer = channel.peer;
-        if admitted(snap, &alloc.listener_name, channel).is_none() {
+        let Some(cluster) = admitted(snap, &alloc.listener_name, channel) else {
             return ClientAction::Drop(self.dropped(DropReason::NotAdmitted));
-        }
+        };
         ClientAction::Relay {
             relay: RelayId(slot),
             peer,
             payload: 4..4 + length,
+            cluster,
         }
     }
 
@@ -516,7 +526,12 @@ impl Engine {
         integrity: Option<&IntegrityKey>,
         out: &mut [u8],
     ) -> ClientAction {
-        if matches!(reply.code, 401 | 438) {
+        // The first 401 (no credentials yet) and 438 are the normal challenge; a 401 to a
+        // request that carried MESSAGE-INTEGRITY means its credentials were refused.
+        if reply.code == 401
+            && (msg.has_attribute(MessageIntegrity::TYPE)
+                || msg.has_attribute(MessageIntegritySha256::TYPE))
+        {
             self.stats.auth_failures += 1;
         }
         match wire::error_response(msg, &reply, integrity, out) {
@@ -815,13 +830,15 @@ impl Engine {
             // stunnerd: the peer IP must lie in a cluster routed from the listener; the RFC's
             // answer for a policy denial is 403. Any denied peer fails the whole request.
             if !route.is_some_and(|r| snap.permits_ip(r, ip)) {
-                tracing::info!(
-                    target: "auth",
-                    "permission denied on listener {:?} for client \"{}\" to peer {}: no route to endpoint",
-                    alloc.listener_name,
-                    alloc.key.client,
-                    ip
-                );
+                if let Some(suppressed) = self.denial_log.allow(now) {
+                    tracing::info!(
+                        target: "auth",
+                        "permission denied on listener {:?} for client \"{}\" to peer {}: no route to endpoint{suppressed}",
+                        alloc.listener_name,
+                        alloc.key.client,
+                        ip
+                    );
+                }
                 return Err(ErrorReply::new(403, "Forbidden"));
             }
         }
@@ -869,13 +886,15 @@ impl Engine {
         }
         let route = snap.route(&alloc.listener_name);
         if !route.is_some_and(|r| snap.permits_ip(r, peer.ip())) {
-            tracing::info!(
-                target: "auth",
-                "permission denied on listener {:?} for client \"{}\" to peer {}: no route to endpoint",
-                alloc.listener_name,
-                alloc.key.client,
-                peer.ip()
-            );
+            if let Some(suppressed) = self.denial_log.allow(now) {
+                tracing::info!(
+                    target: "auth",
+                    "permission denied on listener {:?} for client \"{}\" to peer {}: no route to endpoint{suppressed}",
+                    alloc.listener_name,
+                    alloc.key.client,
+                    peer.ip()
+                );
+            }
             return Err(ErrorReply::new(403, "Forbidden"));
         }
         install_permission(alloc, peer.ip(), now)?;
@@ -922,14 +941,16 @@ impl Engine {
         let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
         // RFC 8656 §10.2: relayed only with a permission for the peer's IP (and, here, only
         // to a peer address a routed cluster admits).
-        if let Err(reason) = permission_admits(alloc, snap, peer, now) {
-            return ClientAction::Drop(self.dropped(reason));
-        }
+        let cluster = match permission_admits(alloc, snap, peer, now) {
+            Ok(cluster) => cluster,
+            Err(reason) => return ClientAction::Drop(self.dropped(reason)),
+        };
         let start = offset + 4;
         ClientAction::Relay {
             relay: RelayId(slot),
             peer,
             payload: start..start + data.length() as usize,
+            cluster,
         }
     }
 
@@ -963,9 +984,9 @@ impl Engine {
             .iter_mut()
             .find(|c| c.peer == peer && c.expires_at > now)
         {
-            if admitted(snap, &alloc.listener_name, channel).is_none() {
+            let Some(cluster) = admitted(snap, &alloc.listener_name, channel) else {
                 return PeerAction::Drop(self.dropped(DropReason::NotAdmitted));
-            }
+            };
             // RFC 8656 §12.5: channel number, then length, then the payload.
             buf[..2].copy_from_slice(&channel.number.to_be_bytes());
             buf[2..4].copy_from_slice(&(len as u16).to_be_bytes());
@@ -973,13 +994,16 @@ impl Engine {
                 listener,
                 client,
                 bytes: Bytes::Input(0..PEER_HEADROOM + len),
+                cluster,
+                payload_len: len,
             };
         }
         // RFC 8656 §10.3: without a channel, a permission is needed, and a Data indication
         // carries the datagram.
-        if let Err(reason) = permission_admits(alloc, snap, peer, now) {
-            return PeerAction::Drop(self.dropped(reason));
-        }
+        let cluster = match permission_admits(alloc, snap, peer, now) {
+            Ok(cluster) => cluster,
+            Err(reason) => return PeerAction::Drop(self.dropped(reason)),
+        };
         self.indication_counter += 1;
         let txid = indication_txid(&self.config.nonce_key, self.indication_counter);
         match wire::data_indication(txid, peer, &buf[PEER_HEADROOM..PEER_HEADROOM + len], out) {
@@ -987,6 +1011,8 @@ impl Engine {
                 listener,
                 client,
                 bytes: Bytes::Output(n),
+                cluster,
+                payload_len: len,
             },
             None => PeerAction::Drop(self.dropped(DropReason::Internal)),
         }
@@ -1072,7 +1098,7 @@ fn permission_admits(
     snap: &Snapshot,
     peer: SocketAddr,
     now: Instant,
-) -> Result<(), DropReason> {
+) -> Result<ClusterId, DropReason> {
     let listener_name = &alloc.listener_name;
     let Some(permission) = alloc
         .permissions
@@ -1088,19 +1114,12 @@ fn permission_admits(
             admitted
         }
         _ => {
-            let admitted = snap
-                .route(listener_name)
-                .and_then(|r| snap.admits(r, peer))
-                .is_some();
+            let admitted = snap.route(listener_name).and_then(|r| snap.admits(r, peer));
             permission.verdict = Some((snap.generation, peer.port(), admitted));
             admitted
         }
     };
-    if admitted {
-        Ok(())
-    } else {
-        Err(DropReason::NotAdmitted)
-    }
+    admitted.ok_or(DropReason::NotAdmitted)
 }
 
 fn install_permission(alloc: &mut Allocation, ip: IpAddr, now: Instant) -> Result<(), ErrorReply> {

@@ -6,6 +6,7 @@ use arc_swap::ArcSwap;
 use clap::Parser;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 use uturn_control::cds::CdsTarget;
 use uturn_control::kubernetes::KubeOptions;
 use uturn_control::origin::{load_once, ConfigOrigin};
@@ -51,6 +52,10 @@ struct Cli {
     /// Keep /ready at 200, also while draining.
     #[arg(long = "force-ready-status")]
     force_ready_status: bool,
+    /// uturn: end a graceful shutdown after this many seconds even if allocations remain
+    /// (default: wait for the last one, as stunnerd).
+    #[arg(long = "drain-timeout", value_name = "SECONDS")]
+    drain_timeout: Option<u64>,
     /// Same as -l all:DEBUG.
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
@@ -175,6 +180,8 @@ fn initial_config(cli: &Cli, id: &str) -> Result<(StunnerConfig, Source, &'stati
 }
 
 fn main() -> ExitCode {
+    // Before any thread exists, so that every thread inherits the mask.
+    let _ = SHUTDOWN_SIGNALS.set(block_shutdown_signals());
     let cli = Cli::parse();
     let cli_log = cli
         .log
@@ -235,7 +242,12 @@ fn main() -> ExitCode {
         tracing::warn!(target: "stunner", "Running with no clusters: TURN forwarding to peers not permitted");
     }
     if cli.dry_run {
-        tracing::info!(target: "stunnerd", "dry run: not opening any socket");
+        tracing::info!(target: "stunnerd", "dry run: config is valid; not opening any socket");
+        let shown = uturn_control::redacted(&config);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&shown).unwrap_or_default()
+        );
         return ExitCode::SUCCESS;
     }
     let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::from_config(
@@ -269,6 +281,7 @@ fn main() -> ExitCode {
         }
     };
     let stats = dataplane.stats_handle();
+    let scrape_stats = dataplane.stats_handle();
     let follow_loglevel = cli_log.is_none();
     let running_loglevel = std::sync::Mutex::new(log_spec);
     let control = match Control::start(ControlConfig {
@@ -291,6 +304,10 @@ fn main() -> ExitCode {
                 logging::set_spec(&config.admin.loglevel);
             }
         }),
+        metrics: Arc::new(move |out: &mut String| {
+            uturn_dataplane::io::metrics::render_prometheus(&scrape_stats, out)
+        }),
+        force_ready: cli.force_ready_status,
     }) {
         Ok(control) => control,
         Err(e) => {
@@ -299,17 +316,86 @@ fn main() -> ExitCode {
         }
     };
     let _ = (
-        &cli.force_ready_status,
         &cli.cds_server_address,
         &cli.cds_server_namespace,
         cli.cds_server_port,
     );
-    // Signals and graceful drain arrive with the health and shutdown work; run until killed.
-    loop {
-        std::thread::sleep(std::time::Duration::from_secs(1));
-        let _ = (dataplane.allocation_count(), control.ready());
+    run_until_drained(
+        &dataplane,
+        &control,
+        cli.drain_timeout.map(Duration::from_secs),
+    );
+    ExitCode::SUCCESS
+}
+
+/// Blocks SIGTERM and SIGINT in the calling thread and every thread it starts later, so that
+/// only [`next_signal`] sees them. Call before any thread is spawned.
+fn block_shutdown_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-set manipulation on a set we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
     }
 }
+
+/// Waits up to `timeout` for SIGTERM or SIGINT; the signal, if one came.
+fn next_signal(set: &libc::sigset_t, timeout: Duration) -> Option<i32> {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: set and ts are valid for the call; no siginfo is requested.
+    let signal = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
+    (signal > 0).then_some(signal)
+}
+
+/// Runs until SIGTERM or SIGINT, then drains as stunnerd does: the config loader stops,
+/// readiness fails (unless forced), every allocation keeps working, and the process exits once
+/// the last allocation is gone (or `drain_timeout` passes).
+fn run_until_drained(dataplane: &Dataplane, control: &Control, drain_timeout: Option<Duration>) {
+    let signals = SHUTDOWN_SIGNALS
+        .get()
+        .copied()
+        .unwrap_or_else(block_shutdown_signals);
+    const POLL: Duration = Duration::from_millis(250);
+    while next_signal(&signals, Duration::from_secs(3600)).is_none() {}
+    tracing::info!(
+        target: "stunnerd",
+        "Commencing graceful shutdown with {} active connection(s)",
+        dataplane.allocation_count()
+    );
+    control.begin_drain();
+    let started = std::time::Instant::now();
+    loop {
+        if dataplane.allocation_count() == 0 {
+            tracing::info!(target: "stunnerd", "Normal exit on graceful shutdown");
+            return;
+        }
+        if drain_timeout.is_some_and(|t| started.elapsed() >= t) {
+            tracing::warn!(
+                target: "stunnerd",
+                "graceful shutdown timed out (--drain-timeout) with {} active connection(s): exiting",
+                dataplane.allocation_count()
+            );
+            return;
+        }
+        if let Some(signal) = next_signal(&signals, POLL) {
+            // A repeated signal restarts nothing, as in stunnerd; say it was seen.
+            tracing::info!(
+                target: "stunnerd",
+                "signal {signal} during graceful shutdown: still waiting for {} active connection(s)",
+                dataplane.allocation_count()
+            );
+        }
+    }
+}
+
+/// The signal set blocked at the start of `main`.
+static SHUTDOWN_SIGNALS: std::sync::OnceLock<libc::sigset_t> = std::sync::OnceLock::new();
 
 fn kube_options(flags: &KubeFlags) -> KubeOptions {
     KubeOptions {

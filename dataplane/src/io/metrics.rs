@@ -1,0 +1,227 @@
+//! Traffic counters: each shard counts into its own plain integers on the packet path and
+//! publishes a copy once per tick; a scrape sums the copies. Rendered as Prometheus text with
+//! stunnerd's metric names, types, labels and help strings (stunnerd.md §7), plus uturn's drop
+//! counters.
+
+use super::ShardStats;
+use crate::proto::DropReason;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+
+/// Datagrams and bytes, each way (`rx`: received by uturn, `tx`: sent by uturn).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Datagrams received.
+    pub rx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Datagrams sent.
+    pub tx_packets: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+}
+
+impl Traffic {
+    /// Counts one received datagram of `bytes`.
+    pub fn rx(&mut self, bytes: usize) {
+        self.rx_packets += 1;
+        self.rx_bytes += bytes as u64;
+    }
+
+    /// Counts one sent datagram of `bytes`.
+    pub fn tx(&mut self, bytes: usize) {
+        self.tx_packets += 1;
+        self.tx_bytes += bytes as u64;
+    }
+
+    fn add(&mut self, other: &Traffic) {
+        self.rx_packets += other.rx_packets;
+        self.rx_bytes += other.rx_bytes;
+        self.tx_packets += other.tx_packets;
+        self.tx_bytes += other.tx_bytes;
+    }
+}
+
+/// Cumulative counters by name (a listener or a cluster), kept by one shard. Names are never
+/// forgotten, so a counter survives its object being restarted or removed and re-added.
+#[derive(Debug, Clone, Default)]
+pub struct Named {
+    /// Names, in first-seen order.
+    pub names: Vec<String>,
+    /// Traffic, parallel to `names`.
+    pub traffic: Vec<Traffic>,
+    /// Sockets ever opened (listeners only), parallel to `names`.
+    pub opened: Vec<u64>,
+    /// Sockets open now (listeners only), parallel to `names`.
+    pub open: Vec<u64>,
+}
+
+impl Named {
+    /// The slot of `name`, created on first use.
+    pub fn slot(&mut self, name: &str) -> usize {
+        if let Some(i) = self.names.iter().position(|n| n == name) {
+            return i;
+        }
+        self.names.push(name.to_string());
+        self.traffic.push(Traffic::default());
+        self.opened.push(0);
+        self.open.push(0);
+        self.names.len() - 1
+    }
+}
+
+/// What one shard publishes per tick besides its atomics.
+#[derive(Debug, Clone, Default)]
+pub struct ShardReport {
+    /// Per listener name.
+    pub listeners: Named,
+    /// Per cluster name.
+    pub clusters: Named,
+    /// Datagrams dropped, by [`DropReason::index`] (oversized ones count as malformed).
+    pub dropped: [u64; DropReason::ALL.len()],
+    /// Requests rejected for their credentials (401 or 438 sent).
+    pub auth_failed: u64,
+}
+
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn sum_named(
+    reports: &[ShardReport],
+    pick: fn(&ShardReport) -> &Named,
+) -> Vec<(String, Traffic, u64, u64)> {
+    let mut total: Vec<(String, Traffic, u64, u64)> = Vec::new();
+    for report in reports {
+        let named = pick(report);
+        for (i, name) in named.names.iter().enumerate() {
+            let slot = match total.iter().position(|(n, ..)| n == name) {
+                Some(slot) => slot,
+                None => {
+                    total.push((name.clone(), Traffic::default(), 0, 0));
+                    total.len() - 1
+                }
+            };
+            total[slot].1.add(&named.traffic[i]);
+            total[slot].2 += named.opened[i];
+            total[slot].3 += named.open[i];
+        }
+    }
+    total.sort_by(|a, b| a.0.cmp(&b.0));
+    total
+}
+
+/// Appends the dataplane's metrics, summed over `shards`, as Prometheus text.
+pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
+    let reports: Vec<ShardReport> = shards
+        .iter()
+        .map(|s| s.report.lock().map(|r| r.clone()).unwrap_or_default())
+        .collect();
+    let allocations: u64 = shards
+        .iter()
+        .map(|s| s.allocations.load(Ordering::Relaxed))
+        .sum();
+    family(
+        out,
+        "stunner_allocations_active",
+        "gauge",
+        "Number of active allocations",
+    );
+    let _ = writeln!(out, "stunner_allocations_active {allocations}");
+
+    let listeners = sum_named(&reports, |r| &r.listeners);
+    family(
+        out,
+        "stunner_listener_connections",
+        "gauge",
+        "Number of active downstream connections at a listener",
+    );
+    for (name, _, _, open) in &listeners {
+        let _ = writeln!(
+            out,
+            "stunner_listener_connections{{name=\"{}\"}} {open}",
+            escape(name)
+        );
+    }
+    family(
+        out,
+        "stunner_listener_connections_total",
+        "counter",
+        "Number of all downstream connections observed at a listener",
+    );
+    for (name, _, opened, _) in &listeners {
+        let _ = writeln!(
+            out,
+            "stunner_listener_connections_total{{name=\"{}\"}} {opened}",
+            escape(name)
+        );
+    }
+    let clusters = sum_named(&reports, |r| &r.clusters);
+    for (metric, help, rows) in [
+        (
+            "stunner_listener",
+            [
+                "Number of datagrams sent or received at a listener",
+                "Number of bytes sent or received at a listener",
+            ],
+            &listeners,
+        ),
+        (
+            "stunner_cluster",
+            [
+                "Number of datagrams sent to or received from backends",
+                "Number of bytes sent to or received from backends",
+            ],
+            &clusters,
+        ),
+    ] {
+        for (unit, help) in ["packets", "bytes"].into_iter().zip(help) {
+            let metric = format!("{metric}_{unit}_total");
+            family(out, &metric, "counter", help);
+            for (name, traffic, ..) in rows.iter() {
+                let (rx, tx) = if unit == "packets" {
+                    (traffic.rx_packets, traffic.tx_packets)
+                } else {
+                    (traffic.rx_bytes, traffic.tx_bytes)
+                };
+                let name = escape(name);
+                let _ = writeln!(out, "{metric}{{direction=\"rx\",name=\"{name}\"}} {rx}");
+                let _ = writeln!(out, "{metric}{{direction=\"tx\",name=\"{name}\"}} {tx}");
+            }
+        }
+    }
+    family(
+        out,
+        "uturn_dropped_datagrams_total",
+        "counter",
+        "Datagrams and requests uturn dropped or rejected, by reason",
+    );
+    let mut dropped = [0u64; DropReason::ALL.len()];
+    let mut auth_failed = 0;
+    for report in &reports {
+        for (total, n) in dropped.iter_mut().zip(report.dropped) {
+            *total += n;
+        }
+        auth_failed += report.auth_failed;
+    }
+    for reason in DropReason::ALL {
+        let _ = writeln!(
+            out,
+            "uturn_dropped_datagrams_total{{reason=\"{}\"}} {}",
+            reason.name(),
+            dropped[reason.index()]
+        );
+    }
+    let _ = writeln!(
+        out,
+        "uturn_dropped_datagrams_total{{reason=\"auth_failed\"}} {auth_failed}"
+    );
+}
