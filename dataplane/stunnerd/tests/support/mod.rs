@@ -57,6 +57,31 @@ impl Stunnerd {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, signal);
+        }
+    }
+
+    /// Waits up to `secs` for the process to exit; its exit code.
+    pub fn wait_exit_for(&mut self, secs: f64) -> Option<i32> {
+        let deadline = std::time::Instant::now() + Duration::from_secs_f64(secs);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Waits for the process to exit (up to 10 s) and returns its exit code.
     pub fn wait_exit(&mut self) -> Option<i32> {
         for _ in 0..200 {
@@ -138,6 +163,11 @@ pub struct Driver {
     pub responses: Vec<Response>,
     /// Every event the client gave.
     pub events: Vec<String>,
+    /// Datagrams and bytes this client's socket sent to the server.
+    pub sent: (u64, u64),
+    /// Datagrams and bytes this client's socket received.
+    pub recvd: (u64, u64),
+    server: SocketAddr,
 }
 
 impl Driver {
@@ -161,6 +191,9 @@ impl Driver {
             received: Vec::new(),
             responses: Vec::new(),
             events: Vec::new(),
+            sent: (0, 0),
+            recvd: (0, 0),
+            server,
         }
     }
 
@@ -182,7 +215,11 @@ impl Driver {
         let t = self.now();
         let _ = self.client.poll(t);
         while let Some(transmit) = self.client.poll_transmit(t) {
-            let _ = self.socket.send_to(transmit.data.as_ref(), transmit.to);
+            let data: &[u8] = transmit.data.as_ref();
+            if self.socket.send_to(data, transmit.to).is_ok() {
+                self.sent.0 += 1;
+                self.sent.1 += data.len() as u64;
+            }
         }
         while let Some(event) = self.client.poll_event() {
             self.events.push(format!("{event:?}"));
@@ -191,6 +228,8 @@ impl Driver {
             }
         }
         while let Ok((n, from)) = self.socket.recv_from(&mut buf) {
+            self.recvd.0 += 1;
+            self.recvd.1 += n as u64;
             if let Ok(msg) = Message::from_bytes(&buf[..n]) {
                 if msg.is_response() {
                     self.responses.push(Response {
@@ -286,7 +325,25 @@ impl Driver {
             .unwrap()
         {
             let transmit = transmit.build();
-            let _ = self.socket.send_to(&transmit.data, transmit.to);
+            if self.socket.send_to(&transmit.data, transmit.to).is_ok() {
+                self.sent.0 += 1;
+                self.sent.1 += transmit.data.len() as u64;
+            }
         }
+    }
+
+    /// Sends raw bytes to the server from the client's socket.
+    pub fn send_raw(&mut self, data: &[u8]) {
+        if self.socket.send_to(data, self.server).is_ok() {
+            self.sent.0 += 1;
+            self.sent.1 += data.len() as u64;
+        }
+    }
+
+    /// Deletes the allocation (Refresh with LIFETIME 0).
+    pub fn delete(&mut self) {
+        let now = self.now();
+        let _ = self.client.delete(now);
+        self.drive(0.3);
     }
 }

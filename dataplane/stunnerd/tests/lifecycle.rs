@@ -1,0 +1,480 @@
+//! What an operator sees: the real `stunnerd` binary under real signals, its probes, its
+//! metrics (parsed by the official Prometheus client's parser) and its dry run.
+
+mod support;
+
+use serde_json::Value;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::Duration;
+use support::{free_port, http_get, status, wait_until, Driver, Stunnerd};
+
+const REFRESH: u16 = 0x0004;
+const CHANNEL_BIND: u16 = 0x0009;
+
+fn temp_file(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "uturn-{}-{}-{name}",
+        std::process::id(),
+        free_port()
+    ))
+}
+
+fn config(turn: u16, health: u16, metrics: u16, realm: &str) -> String {
+    format!(
+        "version: v1\nadmin: {{name: media/gw, healthcheck_endpoint: \"http://127.0.0.1:{health}\", \
+         metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
+         auth: {{type: static, realm: {realm}, credentials: {{username: alice, password: s3cret}}}}\n\
+         listeners: [{{name: media/gw/udp, address: 127.0.0.1, port: {turn}, routes: [media/peers]}}]\n\
+         clusters: [{{name: media/peers, endpoints: [127.0.0.1, 127.0.0.3]}}]\n"
+    )
+}
+
+/// An echo peer on 127.0.0.1 that counts what it receives and sends; it stops when dropped.
+struct Peer {
+    addr: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    counts: std::sync::Arc<std::sync::Mutex<[u64; 4]>>,
+}
+
+impl Peer {
+    fn start() -> Peer {
+        Peer::on("127.0.0.1")
+    }
+
+    fn on(ip: &str) -> Peer {
+        let socket = UdpSocket::bind((ip, 0)).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let addr = socket.local_addr().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let counts = std::sync::Arc::new(std::sync::Mutex::new([0u64; 4]));
+        let (stop2, counts2) = (stop.clone(), counts.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok((n, from)) = socket.recv_from(&mut buf) {
+                    let mut c = counts2.lock().unwrap();
+                    c[0] += 1;
+                    c[1] += n as u64;
+                    if socket.send_to(&buf[..n], from).is_ok() {
+                        c[2] += 1;
+                        c[3] += n as u64;
+                    }
+                }
+            }
+        });
+        Peer { addr, stop, counts }
+    }
+
+    /// (received packets, received bytes, sent packets, sent bytes).
+    fn counts(&self) -> [u64; 4] {
+        *self.counts.lock().unwrap()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn ready(health: u16) -> Option<(u16, String)> {
+    http_get(health, "/ready")
+}
+
+/// Sends `n` sequenced datagrams to `peer` one per 2 ms; how many came back.
+fn stream(d: &mut Driver, peer: SocketAddr, tag: &str, n: u32) -> usize {
+    let before = d.received.len();
+    for seq in 0..n {
+        d.send(peer, format!("{tag} {seq:04}").as_bytes());
+        d.drive(0.002);
+    }
+    d.drive(0.3);
+    d.received[before..]
+        .iter()
+        .filter(|(_, p)| p.starts_with(tag.as_bytes()))
+        .count()
+}
+
+/// The second field report: a draining gateway keeps every live call working, and exits as
+/// soon as the last allocation ends.
+fn drain_scenario(force_ready: bool) {
+    let (turn, health, metrics) = (free_port(), free_port(), free_port());
+    let path = temp_file("drain.yaml");
+    std::fs::write(&path, config(turn, health, metrics, "before")).unwrap();
+    let mut args = vec!["-w", "-c"];
+    let origin = format!("file://{}", path.display());
+    args.push(&origin);
+    if force_ready {
+        args.push("--force-ready-status");
+    }
+    let port = default_health_port();
+    let mut server = Stunnerd::start(&args, &[]);
+    assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
+    drop(port);
+    let peer = Peer::start();
+    let other = Peer::on("127.0.0.3");
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    d.allocate().expect("allocation");
+    assert!(d.permit(peer.addr.ip()));
+    assert!(d.bind(peer.addr));
+    assert_eq!(stream(&mut d, peer.addr, "before", 100), 100);
+
+    server.signal(libc::SIGTERM);
+    assert!(
+        wait_until(5, || server.logs().contains(
+            "Commencing graceful shutdown with 1 active connection(s)"
+        )),
+        "{}",
+        server.logs()
+    );
+    assert!(wait_until(5, || server
+        .logs()
+        .contains("Canceling config loader")));
+    let (code, body) = ready(health).expect("the health server stops during the drain");
+    if force_ready {
+        assert_eq!(
+            (code, body.as_str()),
+            (200, "{\"status\":200,\"message\":\"READY\"}\n")
+        );
+    } else {
+        assert_eq!(
+            (code, body.as_str()),
+            (503, "{\"status\":503,\"message\":\"stunnerd not ready\"}\n")
+        );
+    }
+    assert_eq!(status(health).unwrap()["status"], "TERMINATING");
+    assert_eq!(http_get(health, "/live").unwrap().0, 200);
+
+    // The stream goes on; so do Send/Data indications to a new peer, a new permission, a new
+    // channel, and refreshes of the allocation, the permission and the channel.
+    assert_eq!(
+        stream(&mut d, peer.addr, "during", 200),
+        200,
+        "the stream broke in the drain"
+    );
+    assert!(d.permit(other.addr.ip()));
+    assert!(d.bind(other.addr));
+    assert_eq!(stream(&mut d, other.addr, "bound", 50), 50);
+    let before = d.responses.len();
+    // Half an hour of client time in one-minute steps: every permission (300 s), channel
+    // (600 s) and the allocation itself (turn-client-proto asks for 1800 s) comes due.
+    for _ in 0..30 {
+        d.warp(Duration::from_secs(60));
+        d.drive(0.12);
+    }
+    let refreshed = &d.responses[before..];
+    assert!(
+        refreshed.iter().any(|r| r.method == REFRESH && r.success),
+        "no successful Refresh: {refreshed:?}"
+    );
+    assert!(refreshed
+        .iter()
+        .any(|r| r.method == CHANNEL_BIND && r.success));
+    assert!(refreshed.iter().all(|r| r.success), "{refreshed:?}");
+    assert_eq!(stream(&mut d, peer.addr, "after", 100), 100);
+
+    // A config change is no longer followed.
+    std::fs::write(&path, config(turn, health, metrics, "after")).unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(status(health).unwrap()["auth"]["realm"], "before");
+    assert_eq!(
+        server.wait_exit_for(0.1),
+        None,
+        "exited with a live allocation"
+    );
+
+    let deleted_at = std::time::Instant::now();
+    d.delete();
+    assert_eq!(server.wait_exit_for(2.0), Some(0), "{}", server.logs());
+    assert!(deleted_at.elapsed() < Duration::from_secs(2));
+    assert!(server.logs().contains("Normal exit on graceful shutdown"));
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn drain_keeps_live_allocations_working_and_exits_after_the_last() {
+    drain_scenario(false);
+}
+
+#[test]
+fn drain_with_force_ready_status_keeps_ready_at_200() {
+    drain_scenario(true);
+}
+
+#[test]
+fn drain_timeout_bounds_the_wait() {
+    let (turn, health, metrics) = (free_port(), free_port(), free_port());
+    let path = temp_file("timeout.yaml");
+    std::fs::write(&path, config(turn, health, metrics, "r")).unwrap();
+    let origin = format!("file://{}", path.display());
+    let mut server = Stunnerd::start(&["-c", &origin, "--drain-timeout", "1"], &[]);
+    assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    d.allocate().expect("allocation");
+    assert!(wait_until(5, || status(health)
+        .is_some_and(|s| s["allocationCount"] == 1)));
+    server.signal(libc::SIGINT);
+    assert_eq!(server.wait_exit_for(4.0), Some(0), "{}", server.logs());
+    assert!(
+        server.logs().contains("graceful shutdown timed out"),
+        "{}",
+        server.logs()
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn sigterm_without_allocations_exits_at_once() {
+    let (turn, health, metrics) = (free_port(), free_port(), free_port());
+    let path = temp_file("idle.yaml");
+    std::fs::write(&path, config(turn, health, metrics, "r")).unwrap();
+    let origin = format!("file://{}", path.display());
+    let mut server = Stunnerd::start(&["-c", &origin], &[]);
+    assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
+    server.signal(libc::SIGTERM);
+    assert_eq!(server.wait_exit_for(2.0), Some(0));
+    let logs = server.logs();
+    assert!(logs.contains("Commencing graceful shutdown with 0 active connection(s)"));
+    assert!(logs.contains("Normal exit on graceful shutdown"));
+    let _ = std::fs::remove_file(path);
+}
+
+/// Every sample of a scrape as parsed by the official Prometheus client: name → [(labels,
+/// value)]. A scrape the parser rejects fails the test.
+fn parse_scrape(text: &str) -> std::collections::BTreeMap<String, Vec<(Value, f64)>> {
+    use std::io::Write;
+    let script = "import json, sys\n\
+                  from prometheus_client.parser import text_string_to_metric_families\n\
+                  out = {}\n\
+                  for family in text_string_to_metric_families(sys.stdin.read()):\n\
+                  \x20   for s in family.samples:\n\
+                  \x20       out.setdefault(s.name, []).append([s.labels, s.value])\n\
+                  print(json.dumps(out))\n";
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 is needed (bash .ci/run installs prometheus_client)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "the Prometheus parser rejected the scrape (or prometheus_client is missing: run bash .ci/run): {}\n{text}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let parsed: std::collections::BTreeMap<String, Vec<(Value, f64)>> =
+        serde_json::from_slice(&output.stdout).unwrap();
+    parsed
+}
+
+fn sample(
+    scrape: &std::collections::BTreeMap<String, Vec<(Value, f64)>>,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
+    scrape
+        .get(name)?
+        .iter()
+        .find_map(|(l, v)| labels.iter().all(|(k, want)| l[*k] == *want).then_some(*v))
+}
+
+#[test]
+fn metrics_and_status_match_the_traffic_a_client_made() {
+    let (turn, health, metrics) = (free_port(), free_port(), free_port());
+    let path = temp_file("metrics.yaml");
+    std::fs::write(&path, config(turn, health, metrics, "r")).unwrap();
+    let origin = format!("file://{}", path.display());
+    let _server = Stunnerd::start(&["-c", &origin], &[]);
+    assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
+    let peer = Peer::start();
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let mut d = Driver::new(turn_addr, "alice", "s3cret");
+        d.allocate().expect("allocation");
+        clients.push(d);
+    }
+    let d = &mut clients[0];
+    assert!(d.permit(peer.addr.ip()));
+    d.send(peer.addr, b"via a send indication");
+    assert!(d.bind(peer.addr));
+    assert_eq!(stream(d, peer.addr, "counted", 40), 40);
+    d.send_raw(b"\x00\x01\x00\x08 this is not STUN");
+    for d in clients.iter_mut() {
+        d.drive(0.05);
+    }
+    std::thread::sleep(Duration::from_millis(400));
+
+    let (code, body) = http_get(metrics, "/metrics").expect("metrics server");
+    assert_eq!(code, 200);
+    let scrape = parse_scrape(&body);
+    let status = status(health).unwrap();
+    assert_eq!(status["allocationCount"], 3);
+    assert_eq!(
+        sample(&scrape, "stunner_allocations_active", &[]),
+        Some(3.0)
+    );
+    let listener = "media/gw/udp";
+    let (sent, recvd) = clients.iter().fold(((0, 0), (0, 0)), |(s, r), d| {
+        (
+            (s.0 + d.sent.0, s.1 + d.sent.1),
+            (r.0 + d.recvd.0, r.1 + d.recvd.1),
+        )
+    });
+    let l =
+        |name: &str, dir: &str| sample(&scrape, name, &[("name", listener), ("direction", dir)]);
+    assert_eq!(
+        l("stunner_listener_packets_total", "rx"),
+        Some(sent.0 as f64),
+        "{body}"
+    );
+    assert_eq!(l("stunner_listener_bytes_total", "rx"), Some(sent.1 as f64));
+    assert_eq!(
+        l("stunner_listener_packets_total", "tx"),
+        Some(recvd.0 as f64)
+    );
+    assert_eq!(
+        l("stunner_listener_bytes_total", "tx"),
+        Some(recvd.1 as f64)
+    );
+    let [peer_rx, peer_rx_bytes, peer_tx, peer_tx_bytes] = peer.counts();
+    let c = |name: &str, dir: &str| {
+        sample(
+            &scrape,
+            name,
+            &[("name", "media/peers"), ("direction", dir)],
+        )
+    };
+    assert_eq!(
+        c("stunner_cluster_packets_total", "tx"),
+        Some(peer_rx as f64)
+    );
+    assert_eq!(
+        c("stunner_cluster_bytes_total", "tx"),
+        Some(peer_rx_bytes as f64)
+    );
+    assert_eq!(
+        c("stunner_cluster_packets_total", "rx"),
+        Some(peer_tx as f64)
+    );
+    assert_eq!(
+        c("stunner_cluster_bytes_total", "rx"),
+        Some(peer_tx_bytes as f64)
+    );
+    assert_eq!(peer_rx, 41, "one Send indication and 40 ChannelData");
+    assert_eq!(
+        sample(
+            &scrape,
+            "stunner_listener_connections",
+            &[("name", listener)]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            "stunner_listener_connections_total",
+            &[("name", listener)]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            "uturn_dropped_datagrams_total",
+            &[("reason", "malformed")]
+        ),
+        Some(1.0)
+    );
+    assert!(sample(&scrape, "process_resident_memory_bytes", &[]).is_some_and(|v| v > 0.0));
+    assert!(sample(&scrape, "process_open_fds", &[]).is_some_and(|v| v > 0.0));
+    assert!(scrape.contains_key("process_cpu_seconds_total"));
+    // HELP and TYPE as stunnerd's exporter writes them.
+    assert!(body.contains("# HELP stunner_listener_packets_total Number of datagrams sent or received at a listener\n# TYPE stunner_listener_packets_total counter\n"));
+    assert!(body.contains("# TYPE stunner_allocations_active gauge\n"));
+    assert_eq!(http_get(metrics, "/other").unwrap().0, 404);
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn status_never_prints_secrets() {
+    let (turn, health, metrics) = (free_port(), free_port(), free_port());
+    let path = temp_file("secret.yaml");
+    std::fs::write(
+        &path,
+        config(turn, health, metrics, "r").replace(
+            "auth: {type: static, realm: r, credentials: {username: alice, password: s3cret}}",
+            "auth: {type: ephemeral, realm: r, credentials: {secret: t0p-s3cret-v4lue}}",
+        ),
+    )
+    .unwrap();
+    let origin = format!("file://{}", path.display());
+    let _server = Stunnerd::start(&["-c", &origin], &[]);
+    assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
+    let (code, body) = http_get(health, "/status").unwrap();
+    assert_eq!(code, 200);
+    assert!(!body.contains("t0p-s3cret-v4lue"), "{body}");
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["auth"]["credentials"]["secret"], "<redacted>");
+    assert_eq!(doc["auth"]["type"], "ephemeral");
+    assert_eq!(doc["status"], "READY");
+    assert_eq!(doc["version"], "v1");
+    let (code, body) = http_get(health, "/live").unwrap();
+    assert_eq!((code, body.as_str()), (200, "{}\n"));
+    assert_eq!(http_get(health, "/nope").unwrap().0, 404);
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stunnerd"))
+        .args(["-d", "-c", &origin])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("\"realm\": \"r\""),
+        "dry run must print the config: {stdout}"
+    );
+    assert!(!stdout.contains("t0p-s3cret-v4lue"));
+    let _ = std::fs::remove_file(path);
+}
+
+/// Watch mode starts from the zero config, whose health server is the default `:8086`; tests
+/// that start a watcher take turns on it.
+fn default_health_port() -> std::sync::MutexGuard<'static, ()> {
+    static PORT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    PORT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn not_ready_before_a_config_unless_forced() {
+    let _port = default_health_port();
+    // Watching a file that does not exist yet: only the zero config runs.
+    let missing = temp_file("never.yaml");
+    let origin = format!("file://{}", missing.display());
+    for (force, want) in [(false, 503), (true, 200)] {
+        let mut args = vec!["-w", "-c", origin.as_str()];
+        if force {
+            args.push("--force-ready-status");
+        }
+        let server = Stunnerd::start(&args, &[]);
+        assert!(
+            wait_until(5, || http_get(8086, "/ready").is_some()),
+            "port 8086 is not ours: {}",
+            server.logs()
+        );
+        assert_eq!(http_get(8086, "/ready").unwrap().0, want, "force={force}");
+        assert_eq!(status(8086).unwrap()["status"], "NOT-READY");
+        drop(server);
+        assert!(wait_until(5, || http_get(8086, "/live").is_none()));
+    }
+}
