@@ -478,3 +478,70 @@ fn not_ready_before_a_config_unless_forced() {
         assert!(wait_until(5, || http_get(8086, "/live").is_none()));
     }
 }
+
+/// `-l` specs apply left to right, lines keep stunnerd's text format, and a client that keeps
+/// asking for a denied peer cannot flood the log: denials are rate-limited with stunnerd's
+/// suffix.
+#[test]
+fn log_specs_format_and_rate_limited_denials() {
+    let (turn, health, metrics) = (free_port(), free_port(), free_port());
+    let path = temp_file("logs.yaml");
+    std::fs::write(&path, config(turn, health, metrics, "r")).unwrap();
+    let origin = format!("file://{}", path.display());
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let denied: std::net::IpAddr = "127.0.0.9".parse().unwrap();
+
+    let server = Stunnerd::start(&["-c", &origin, "-l", "all:WARN,auth:INFO"], &[]);
+    assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
+    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    d.allocate().expect("allocation");
+    for _ in 0..8 {
+        assert!(!d.permit(denied));
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(!d.permit(denied));
+    std::thread::sleep(Duration::from_millis(200));
+    let logs = server.logs();
+    let denials: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("permission denied"))
+        .collect();
+    assert_eq!(denials.len(), 4, "3 at once, then 1 per second: {logs}");
+    assert!(
+        denials[3].ends_with("no route to endpoint (suppressed 5 log events)"),
+        "{logs}"
+    );
+    assert!(
+        !logs.contains("starting stunnerd"),
+        "all:WARN must hide INFO: {logs}"
+    );
+    // HH:MM:SS.micro file.rs:line: scope LEVEL: message
+    for line in &denials {
+        let (time, rest) = line.split_once(' ').unwrap();
+        assert!(
+            time.len() == 15 && time.as_bytes()[2] == b':' && time.as_bytes()[8] == b'.',
+            "{line}"
+        );
+        let (file, rest) = rest.split_once(": ").unwrap();
+        assert!(file.contains(".rs:"), "{line}");
+        assert!(
+            rest.starts_with("auth INFO: permission denied on listener \"media/gw/udp\""),
+            "{line}"
+        );
+    }
+    drop(server);
+
+    // The other order: auth:INFO, then all:WARN overrides it.
+    let server = Stunnerd::start(&["-c", &origin, "-l", "auth:INFO,all:WARN"], &[]);
+    assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
+    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    d.allocate().expect("allocation");
+    assert!(!d.permit(denied));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !server.logs().contains("permission denied"),
+        "{}",
+        server.logs()
+    );
+    let _ = std::fs::remove_file(path);
+}
