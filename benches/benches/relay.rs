@@ -7,8 +7,8 @@ use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uturn_benches::BenchClient;
 use uturn_dataplane::io::{Dataplane, DataplaneConfig};
+use uturn_perf::BenchClient;
 use uturn_shared::config::parse_config;
 use uturn_shared::snapshot::Snapshot;
 

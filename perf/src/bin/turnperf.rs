@@ -1,0 +1,214 @@
+//! turnperf: a TURN/UDP load generator and reporter. Sets up N allocations (each its own
+//! client socket and 5-tuple) with auth, relays timestamped datagrams through the server to its
+//! own peer, and reports delivered packets/s, Mbit/s, loss, one-way latency percentiles, the
+//! allocation setup rate and (with `--server-pid`) the server's CPU time per relayed packet.
+
+use clap::Parser;
+use std::net::{IpAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Duration;
+use uturn_perf::load::{setup, Auth, Direction, LoadConfig, Mode, Report};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "turnperf",
+    version,
+    about = "TURN/UDP load generator and reporter"
+)]
+struct Cli {
+    /// The TURN server, HOST:PORT.
+    server: String,
+    /// Username (static credentials, or the user id of ephemeral ones).
+    #[arg(short = 'u', long, default_value = "user1")]
+    user: String,
+    /// Password (static credentials).
+    #[arg(short = 'p', long, default_value = "pass1")]
+    password: String,
+    /// Shared secret: mint ephemeral (TURN REST) credentials instead.
+    #[arg(long)]
+    secret: Option<String>,
+    /// Allocations, each its own client 5-tuple (1 to 10000).
+    #[arg(short = 'n', long, default_value_t = 64)]
+    allocations: usize,
+    /// Payload bytes per datagram (24 to 1400).
+    #[arg(short = 's', long, default_value_t = 100)]
+    size: usize,
+    /// Datagrams per second per allocation and direction; 0: as fast as possible.
+    #[arg(short = 'r', long, default_value_t = 0)]
+    rate: u64,
+    /// Seconds per run.
+    #[arg(short = 'd', long, default_value_t = 5.0)]
+    duration: f64,
+    /// client→peer (up), peer→client (down) or both.
+    #[arg(long, value_enum, default_value = "up")]
+    direction: Direction,
+    /// ChannelData or Send indications.
+    #[arg(long, value_enum, default_value = "channel")]
+    mode: Mode,
+    /// Client transport.
+    #[arg(long, default_value = "udp", value_parser = ["udp", "tcp"])]
+    transport: String,
+    /// Address the built-in peer binds (must be in a routed cluster).
+    #[arg(long, default_value = "127.0.0.1")]
+    peer_ip: IpAddr,
+    /// The server's pid, for CPU time per relayed packet.
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// Search for the highest total rate with loss below --max-loss.
+    #[arg(long)]
+    find_max: bool,
+    /// Loss bound for --find-max, percent.
+    #[arg(long, default_value_t = 0.5)]
+    max_loss: f64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// No progress lines.
+    #[arg(short = 'q', long)]
+    quiet: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if cli.transport == "tcp" {
+        eprintln!("turnperf: --transport tcp is not implemented yet (TURN-TCP arrives with the TCP/TLS/DTLS work); use udp");
+        return ExitCode::from(2);
+    }
+    let Some(server) = cli.server.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+        eprintln!(
+            "turnperf: cannot resolve server {:?}: give HOST:PORT",
+            cli.server
+        );
+        return ExitCode::from(2);
+    };
+    let auth = match &cli.secret {
+        Some(secret) => Auth::Ephemeral {
+            secret: secret.clone(),
+            user: cli.user.clone(),
+        },
+        None => Auth::Static {
+            user: cli.user.clone(),
+            pass: cli.password.clone(),
+        },
+    };
+    let config = LoadConfig {
+        server,
+        auth,
+        allocations: cli.allocations,
+        size: cli.size,
+        peer_ip: cli.peer_ip,
+        mode: cli.mode,
+    };
+    let setup = match setup(&config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("turnperf: setup failed: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if !cli.quiet {
+        eprintln!(
+            "turnperf: {} allocation(s) on {server} in {:.0}/s, peer {}",
+            cli.allocations,
+            setup.setup_rate,
+            setup.peer_addr()
+        );
+    }
+    let duration = Duration::from_secs_f64(cli.duration.max(0.1));
+    let report = if cli.find_max {
+        find_max(&setup, &cli, duration)
+    } else {
+        let rate = cli.rate.saturating_mul(cli.allocations as u64);
+        setup.run(cli.direction, rate, duration, cli.server_pid, !cli.quiet)
+    };
+    if cli.json {
+        let doc = serde_json::json!({
+            "server": server.to_string(),
+            "allocations": cli.allocations,
+            "size": cli.size,
+            "mode": cli.mode,
+            "direction": cli.direction,
+            "setup_rate": setup.setup_rate,
+            "report": report,
+        });
+        println!("{doc}");
+    } else {
+        print_table(&cli, setup.setup_rate, &report);
+    }
+    ExitCode::SUCCESS
+}
+
+/// Doubles the offered total rate until loss exceeds the bound, then bisects.
+fn find_max(setup: &uturn_perf::load::Setup, cli: &Cli, duration: Duration) -> Report {
+    let try_rate = |rate: u64| {
+        let r = setup.run(cli.direction, rate, duration, cli.server_pid, false);
+        if !cli.quiet {
+            eprintln!(
+                "find-max: offered {rate} pkt/s: delivered {:.0} pkt/s, loss {:.2}%",
+                r.delivered_pps(),
+                r.loss_pct()
+            );
+        }
+        r
+    };
+    let mut low: Option<Report> = None;
+    let mut rate = 10_000u64;
+    let mut high = None;
+    while rate <= 4_000_000 {
+        let r = try_rate(rate);
+        if r.loss_pct() <= cli.max_loss {
+            low = Some(r);
+            rate *= 2;
+        } else {
+            high = Some(rate);
+            break;
+        }
+    }
+    let (mut lo, mut hi) = (rate / 2, high.unwrap_or(rate));
+    for _ in 0..5 {
+        if hi <= lo + lo / 50 {
+            break;
+        }
+        let mid = (lo + hi) / 2;
+        let r = try_rate(mid);
+        if r.loss_pct() <= cli.max_loss {
+            lo = mid;
+            low = Some(r);
+        } else {
+            hi = mid;
+        }
+    }
+    low.unwrap_or_else(|| try_rate(1_000))
+}
+
+fn print_table(cli: &Cli, setup_rate: f64, report: &Report) {
+    println!(
+        "turnperf: {} allocations, {} B payload, {:?}, {:?}, {:.1} s, offered {}",
+        cli.allocations,
+        cli.size,
+        cli.mode,
+        cli.direction,
+        report.seconds,
+        if report.offered_pps == 0 {
+            "as fast as possible".to_string()
+        } else {
+            format!("{} pkt/s", report.offered_pps)
+        }
+    );
+    println!("setup: {setup_rate:.0} allocations/s (Allocate + CreatePermission + ChannelBind, with auth)");
+    println!(
+        "{:<5} {:>10} {:>10} {:>10} {:>8} {:>7} {:>8} {:>8} {:>8}",
+        "dir", "sent", "delivered", "pkt/s", "Mbit/s", "loss%", "p50 µs", "p99 µs", "p99.9 µs"
+    );
+    for (name, d) in [("up", &report.up), ("down", &report.down)] {
+        if let Some(d) = d {
+            println!(
+                "{name:<5} {:>10} {:>10} {:>10.0} {:>8.1} {:>7.2} {:>8.1} {:>8.1} {:>8.1}",
+                d.sent, d.delivered, d.pps, d.mbps, d.loss_pct, d.p50_us, d.p99_us, d.p999_us
+            );
+        }
+    }
+    if let Some(cpu) = report.server_cpu_us_per_packet {
+        println!("server CPU: {cpu:.2} µs per relayed packet");
+    }
+}

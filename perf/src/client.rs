@@ -1,0 +1,169 @@
+//! A minimal blocking TURN/UDP client for load tools and benchmarks: allocate (long-term
+//! auth), create permissions, bind channels; the data path is the caller's (ChannelData is a
+//! 4-byte header, see [`channel_data_header`]).
+
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::Duration;
+use stun_proto::types::attribute::{ErrorCode, Nonce, Realm, Username};
+use stun_proto::types::message::{
+    IntegrityAlgorithm, LongTermKeyCredentials, Message, MessageClass, MessageIntegrityCredentials,
+    MessageType, MessageWrite, MessageWriteExt, MessageWriteVec, Method, TransactionId,
+};
+use turn_types::attribute::{ChannelNumber, RequestedTransport, XorPeerAddress, XorRelayedAddress};
+use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION};
+
+/// A client with one allocation.
+pub struct BenchClient {
+    /// The client socket, connected to the server.
+    pub socket: UdpSocket,
+    /// The relay address the server advertised.
+    pub relay: SocketAddr,
+    user: String,
+    pass: String,
+    realm: String,
+    nonce: String,
+}
+
+fn other(msg: String) -> io::Error {
+    io::Error::other(msg)
+}
+
+impl BenchClient {
+    /// Allocates on `server` with static credentials.
+    pub fn allocate(server: SocketAddr, user: &str, pass: &str) -> io::Result<BenchClient> {
+        let local = if server.is_ipv4() {
+            "127.0.0.1:0"
+        } else {
+            "[::1]:0"
+        };
+        let socket = UdpSocket::bind(local)?;
+        socket.connect(server)?;
+        socket.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut client = BenchClient {
+            socket,
+            relay: server,
+            user: user.into(),
+            pass: pass.into(),
+            realm: String::new(),
+            nonce: String::new(),
+        };
+        let udp = |m: &mut MessageWriteVec, _: TransactionId| {
+            m.add_attribute(&RequestedTransport::new(17)).unwrap();
+        };
+        let challenge = client.request(ALLOCATE, &udp, false)?;
+        let msg = Message::from_bytes(&challenge).map_err(|e| other(e.to_string()))?;
+        client.realm = msg
+            .attribute::<Realm>()
+            .map_err(|e| other(e.to_string()))?
+            .realm()
+            .into();
+        client.nonce = msg
+            .attribute::<Nonce>()
+            .map_err(|e| other(e.to_string()))?
+            .nonce()
+            .into();
+        let reply = client.request(ALLOCATE, &udp, true)?;
+        let msg = Message::from_bytes(&reply).map_err(|e| other(e.to_string()))?;
+        client.relay = msg
+            .attribute::<XorRelayedAddress>()
+            .map_err(|_| {
+                other(format!(
+                    "allocate failed: {:?}",
+                    msg.attribute::<ErrorCode>().ok()
+                ))
+            })?
+            .addr(msg.transaction_id());
+        Ok(client)
+    }
+
+    /// Creates a permission for `peer`'s IP.
+    pub fn create_permission(&mut self, peer: SocketAddr) -> io::Result<()> {
+        let attrs = move |m: &mut MessageWriteVec, txid: TransactionId| {
+            m.add_attribute(&XorPeerAddress::new(peer, txid)).unwrap();
+        };
+        let reply = self.request(CREATE_PERMISSION, &attrs, true)?;
+        let msg = Message::from_bytes(&reply).map_err(|e| other(e.to_string()))?;
+        if msg.class() != MessageClass::Success {
+            return Err(other(format!(
+                "create permission failed: {:?}",
+                msg.attribute::<ErrorCode>().ok()
+            )));
+        }
+        Ok(())
+    }
+
+    /// A Send indication carrying `data` to `peer` (RFC 8656 §10.1).
+    pub fn send_indication(&self, peer: SocketAddr, data: &[u8]) -> Vec<u8> {
+        let txid = TransactionId::generate();
+        let mut msg = Message::builder(
+            MessageType::from_class_method(MessageClass::Indication, turn_types::message::SEND),
+            txid,
+            MessageWriteVec::new(),
+        );
+        msg.add_attribute(&XorPeerAddress::new(peer, txid)).unwrap();
+        msg.add_attribute(&turn_types::attribute::Data::new(data))
+            .unwrap();
+        msg.finish()
+    }
+
+    /// Binds `channel` to `peer`.
+    pub fn bind_channel(&mut self, channel: u16, peer: SocketAddr) -> io::Result<()> {
+        let attrs = move |m: &mut MessageWriteVec, txid: TransactionId| {
+            m.add_attribute(&ChannelNumber::new(channel)).unwrap();
+            m.add_attribute(&XorPeerAddress::new(peer, txid)).unwrap();
+        };
+        let reply = self.request(CHANNEL_BIND, &attrs, true)?;
+        let msg = Message::from_bytes(&reply).map_err(|e| other(e.to_string()))?;
+        if msg.class() != MessageClass::Success {
+            return Err(other(format!(
+                "channel bind failed: {:?}",
+                msg.attribute::<ErrorCode>().ok()
+            )));
+        }
+        Ok(())
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        attrs: &dyn Fn(&mut MessageWriteVec, TransactionId),
+        auth: bool,
+    ) -> io::Result<Vec<u8>> {
+        let txid = TransactionId::generate();
+        let mut msg = Message::builder(
+            MessageType::from_class_method(MessageClass::Request, method),
+            txid,
+            MessageWriteVec::new(),
+        );
+        attrs(&mut msg, txid);
+        if auth {
+            msg.add_attribute(&Username::new(&self.user).unwrap())
+                .unwrap();
+            msg.add_attribute(&Realm::new(&self.realm).unwrap())
+                .unwrap();
+            msg.add_attribute(&Nonce::new(&self.nonce).unwrap())
+                .unwrap();
+            let creds: MessageIntegrityCredentials = LongTermKeyCredentials::new(
+                self.user.clone(),
+                self.pass.clone(),
+                self.realm.clone(),
+            )
+            .into();
+            msg.add_message_integrity(&creds, IntegrityAlgorithm::Sha1)
+                .map_err(|e| other(e.to_string()))?;
+        }
+        self.socket.send(&msg.finish())?;
+        let mut buf = vec![0u8; 2048];
+        let n = self.socket.recv(&mut buf)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+}
+
+/// The ChannelData header for `len` payload bytes on `channel` (RFC 8656 §12.4).
+pub fn channel_data_header(channel: u16, len: usize) -> [u8; 4] {
+    let c = channel.to_be_bytes();
+    let l = (len as u16).to_be_bytes();
+    [c[0], c[1], l[0], l[1]]
+}

@@ -1,0 +1,598 @@
+//! turnperf's load: N allocations (each its own client socket, so its own 5-tuple), a built-in
+//! peer, paced or unpaced senders for each direction, and receivers that time every datagram
+//! from the timestamp it carries.
+//!
+//! Payload layout (at least [`HEADER`] bytes): `UTPF`, allocation index (u32), sequence (u64),
+//! send time in ns since the run's epoch (u64), then zero padding.
+
+use crate::client::{channel_data_header, BenchClient};
+use crate::histogram::Histogram;
+use serde::Serialize;
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Bytes of the timing header every payload starts with.
+pub const HEADER: usize = 24;
+const MAGIC: &[u8; 4] = b"UTPF";
+const FIRST_CHANNEL: u16 = 0x4000;
+/// The most allocations one run may hold.
+pub const MAX_ALLOCATIONS: usize = 10_000;
+const BATCH: usize = 16;
+
+/// Credentials.
+#[derive(Debug, Clone)]
+pub enum Auth {
+    /// Static username and password.
+    Static {
+        /// Username.
+        user: String,
+        /// Password.
+        pass: String,
+    },
+    /// TURN REST (ephemeral) credentials minted from a shared secret.
+    Ephemeral {
+        /// The shared secret.
+        secret: String,
+        /// The user id part of the username.
+        user: String,
+    },
+}
+
+impl Auth {
+    fn credentials(&self) -> (String, String) {
+        match self {
+            Auth::Static { user, pass } => (user.clone(), pass.clone()),
+            Auth::Ephemeral { secret, user } => {
+                let expiry = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0)
+                    + 3600;
+                let username = uturn_shared::auth::ephemeral_username(expiry, user);
+                let password = uturn_shared::auth::ephemeral_password(secret, &username);
+                (username, password)
+            }
+        }
+    }
+}
+
+/// Which way data flows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Client → peer.
+    Up,
+    /// Peer → client.
+    Down,
+    /// Both at once.
+    Both,
+}
+
+/// How the client frames data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// ChannelData (after ChannelBind).
+    Channel,
+    /// Send indications (the server answers with Data indications).
+    Send,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LoadConfig {
+    /// The TURN server (UDP).
+    pub server: SocketAddr,
+    /// Credentials.
+    pub auth: Auth,
+    /// Allocations, 1 to [`MAX_ALLOCATIONS`].
+    pub allocations: usize,
+    /// Payload bytes per datagram (at least [`HEADER`]).
+    pub size: usize,
+    /// Where the built-in peer binds.
+    pub peer_ip: IpAddr,
+    /// Framing.
+    pub mode: Mode,
+}
+
+/// The allocations and the peer, ready for runs.
+pub struct Setup {
+    clients: Vec<BenchClient>,
+    peer: UdpSocket,
+    peer_addr: SocketAddr,
+    /// Allocations set up per second (Allocate + CreatePermission + ChannelBind, with auth).
+    pub setup_rate: f64,
+    size: usize,
+    mode: Mode,
+}
+
+/// Allocates, permits and binds every allocation to the built-in peer.
+pub fn setup(config: &LoadConfig) -> io::Result<Setup> {
+    if config.allocations == 0 || config.allocations > MAX_ALLOCATIONS {
+        return Err(io::Error::other(format!(
+            "--allocations {}: use 1 to {MAX_ALLOCATIONS}",
+            config.allocations
+        )));
+    }
+    if config.size < HEADER || config.size > 1400 {
+        return Err(io::Error::other(format!(
+            "--size {}: use {HEADER} to 1400 bytes (the timing header takes {HEADER})",
+            config.size
+        )));
+    }
+    let peer = UdpSocket::bind((config.peer_ip, 0))?;
+    let peer_addr = peer.local_addr()?;
+    let started = Instant::now();
+    let mut clients = Vec::with_capacity(config.allocations);
+    for i in 0..config.allocations {
+        let (user, pass) = config.auth.credentials();
+        let mut client = BenchClient::allocate(config.server, &user, &pass)
+            .map_err(|e| io::Error::other(format!("allocation {i}: {e}")))?;
+        client
+            .create_permission(peer_addr)
+            .map_err(|e| io::Error::other(format!("allocation {i}: {e}")))?;
+        client
+            .bind_channel(FIRST_CHANNEL, peer_addr)
+            .map_err(|e| io::Error::other(format!("allocation {i}: {e}")))?;
+        clients.push(client);
+    }
+    let setup_rate = config.allocations as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    for c in &clients {
+        c.socket.set_nonblocking(true)?;
+    }
+    peer.set_read_timeout(Some(Duration::from_millis(50)))?;
+    Ok(Setup {
+        clients,
+        peer,
+        peer_addr,
+        setup_rate,
+        size: config.size,
+        mode: config.mode,
+    })
+}
+
+/// One direction's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct DirectionReport {
+    /// Datagrams sent.
+    pub sent: u64,
+    /// Datagrams that arrived.
+    pub delivered: u64,
+    /// Delivered per second.
+    pub pps: f64,
+    /// Delivered payload, Mbit/s.
+    pub mbps: f64,
+    /// Lost, percent of sent.
+    pub loss_pct: f64,
+    /// One-way latency percentiles, µs.
+    pub p50_us: f64,
+    /// 99th percentile, µs.
+    pub p99_us: f64,
+    /// 99.9th percentile, µs.
+    pub p999_us: f64,
+}
+
+/// A run's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Offered load, datagrams per second per direction (0: as fast as possible).
+    pub offered_pps: u64,
+    /// Seconds the senders ran.
+    pub seconds: f64,
+    /// Client → peer.
+    pub up: Option<DirectionReport>,
+    /// Peer → client.
+    pub down: Option<DirectionReport>,
+    /// Server CPU time per relayed datagram, µs (with a server pid).
+    pub server_cpu_us_per_packet: Option<f64>,
+}
+
+impl Report {
+    /// Worst loss over the directions run.
+    pub fn loss_pct(&self) -> f64 {
+        [&self.up, &self.down]
+            .iter()
+            .filter_map(|d| d.as_ref().map(|d| d.loss_pct))
+            .fold(0.0, f64::max)
+    }
+
+    /// Delivered datagrams per second, all directions.
+    pub fn delivered_pps(&self) -> f64 {
+        [&self.up, &self.down]
+            .iter()
+            .filter_map(|d| d.as_ref().map(|d| d.pps))
+            .sum()
+    }
+}
+
+/// Counters a receiver publishes.
+#[derive(Default)]
+struct Received {
+    packets: AtomicU64,
+    histogram: Mutex<Histogram>,
+}
+
+/// Reads the timing header; the send time (ns) if it is ours.
+fn stamp(payload: &[u8]) -> Option<u64> {
+    let start = payload.windows(4).take(64).position(|w| w == MAGIC)?;
+    let header = payload.get(start..start + HEADER)?;
+    Some(u64::from_be_bytes(header[16..24].try_into().ok()?))
+}
+
+fn write_header(payload: &mut [u8], index: u32, seq: u64, now_ns: u64) {
+    payload[..4].copy_from_slice(MAGIC);
+    payload[4..8].copy_from_slice(&index.to_be_bytes());
+    payload[8..16].copy_from_slice(&seq.to_be_bytes());
+    payload[16..24].copy_from_slice(&now_ns.to_be_bytes());
+}
+
+/// The server's CPU time so far (user + system), from /proc.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some((utime + stime) / ticks.max(1.0))
+}
+
+/// Sends `count` messages from `bufs` on a connected socket in one `sendmmsg`; how many went.
+fn send_batch(
+    fd: i32,
+    bufs: &mut [Vec<u8>],
+    dests: Option<&mut [libc::sockaddr_storage]>,
+) -> usize {
+    let mut iovecs: Vec<libc::iovec> = bufs
+        .iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: zeroed mmsghdr is a valid "empty" header; fields are filled below.
+    let mut headers: Vec<libc::mmsghdr> = (0..bufs.len())
+        .map(|_| unsafe { std::mem::zeroed() })
+        .collect();
+    let dest_len = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+    let mut dests = dests;
+    for (i, header) in headers.iter_mut().enumerate() {
+        header.msg_hdr.msg_iov = &mut iovecs[i];
+        header.msg_hdr.msg_iovlen = 1;
+        if let Some(dests) = dests.as_deref_mut() {
+            header.msg_hdr.msg_name = (&mut dests[i] as *mut libc::sockaddr_storage).cast();
+            header.msg_hdr.msg_namelen = dest_len;
+        }
+    }
+    // SAFETY: headers, iovecs and dests outlive the call; lengths match.
+    let sent = unsafe { libc::sendmmsg(fd, headers.as_mut_ptr(), headers.len() as u32, 0) };
+    usize::try_from(sent).unwrap_or(0)
+}
+
+fn sockaddr(addr: SocketAddr) -> libc::sockaddr_storage {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*v4.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_in fits in sockaddr_storage.
+            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin) };
+        }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
+            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin6) };
+        }
+    }
+    storage
+}
+
+/// A pacer: how many datagrams may go now to keep `rate` per second (0: no limit).
+struct Pacer {
+    rate: u64,
+    started: Instant,
+    sent: u64,
+}
+
+impl Pacer {
+    fn budget(&self) -> u64 {
+        if self.rate == 0 {
+            return BATCH as u64;
+        }
+        let due = (self.started.elapsed().as_secs_f64() * self.rate as f64) as u64;
+        due.saturating_sub(self.sent).min(BATCH as u64)
+    }
+}
+
+impl Setup {
+    /// The built-in peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+
+    /// Runs `direction` for `duration` at `rate` datagrams per second per direction (0: as
+    /// fast as possible), printing progress each second if `progress`.
+    pub fn run(
+        &self,
+        direction: Direction,
+        rate: u64,
+        duration: Duration,
+        server_pid: Option<u32>,
+        progress: bool,
+    ) -> Report {
+        let epoch = Instant::now();
+        let stop_senders = Arc::new(AtomicBool::new(false));
+        let stop_receivers = Arc::new(AtomicBool::new(false));
+        let up_rx = Arc::new(Received::default());
+        let down_rx = Arc::new(Received::default());
+        let up_sent = Arc::new(AtomicU64::new(0));
+        let down_sent = Arc::new(AtomicU64::new(0));
+        let cpu_before = server_pid.and_then(cpu_seconds);
+        let up = matches!(direction, Direction::Up | Direction::Both);
+        let down = matches!(direction, Direction::Down | Direction::Both);
+        let seconds = std::thread::scope(|scope| {
+            // The peer: counts and times what the clients sent (up).
+            let peer = &self.peer;
+            {
+                let (stop, rx) = (stop_receivers.clone(), up_rx.clone());
+                scope.spawn(move || {
+                    let mut buf = [0u8; 2048];
+                    let mut local = Histogram::default();
+                    let mut count = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(n) = peer.recv(&mut buf) else { continue };
+                        if let Some(sent_ns) = stamp(&buf[..n]) {
+                            let now = epoch.elapsed().as_nanos() as u64;
+                            local.record(now.saturating_sub(sent_ns));
+                            count += 1;
+                            if count.is_multiple_of(256) {
+                                rx.packets.store(count, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    rx.packets.store(count, Ordering::Relaxed);
+                    rx.histogram.lock().unwrap().merge(&local);
+                });
+            }
+            // The clients' receiver: epoll over every client socket (down).
+            {
+                let (stop, rx) = (stop_receivers.clone(), down_rx.clone());
+                let clients = &self.clients;
+                scope.spawn(move || receive_clients(clients, epoch, &stop, &rx));
+            }
+            if up {
+                let (stop, sent) = (stop_senders.clone(), up_sent.clone());
+                scope.spawn(move || self.send_up(rate, epoch, &stop, &sent));
+            }
+            if down {
+                let (stop, sent) = (stop_senders.clone(), down_sent.clone());
+                scope.spawn(move || self.send_down(rate, epoch, &stop, &sent));
+            }
+            let started = Instant::now();
+            let mut last = (0u64, 0u64, Instant::now());
+            while started.elapsed() < duration {
+                std::thread::sleep(
+                    Duration::from_millis(100).min(duration.saturating_sub(started.elapsed())),
+                );
+                if progress && last.2.elapsed() >= Duration::from_secs(1) {
+                    let (u, d) = (
+                        up_rx.packets.load(Ordering::Relaxed),
+                        down_rx.packets.load(Ordering::Relaxed),
+                    );
+                    let secs = last.2.elapsed().as_secs_f64();
+                    eprintln!(
+                        "[{:>4.1}s] delivered up {:>9.0} pkt/s, down {:>9.0} pkt/s",
+                        started.elapsed().as_secs_f64(),
+                        (u - last.0) as f64 / secs,
+                        (d - last.1) as f64 / secs
+                    );
+                    last = (u, d, Instant::now());
+                }
+            }
+            stop_senders.store(true, Ordering::Relaxed);
+            let seconds = started.elapsed().as_secs_f64();
+            // Let in-flight datagrams land.
+            std::thread::sleep(Duration::from_millis(300));
+            stop_receivers.store(true, Ordering::Relaxed);
+            seconds
+        });
+        let cpu = match (cpu_before, server_pid.and_then(cpu_seconds)) {
+            (Some(before), Some(after)) => Some(after - before),
+            _ => None,
+        };
+        let report_of = |sent: &AtomicU64, rx: &Received| {
+            let sent = sent.load(Ordering::Relaxed);
+            let delivered = rx.packets.load(Ordering::Relaxed);
+            let h = rx.histogram.lock().unwrap();
+            DirectionReport {
+                sent,
+                delivered,
+                pps: delivered as f64 / seconds,
+                mbps: delivered as f64 * self.size as f64 * 8.0 / seconds / 1e6,
+                loss_pct: if sent == 0 {
+                    0.0
+                } else {
+                    100.0 * sent.saturating_sub(delivered) as f64 / sent as f64
+                },
+                p50_us: h.quantile(0.5) as f64 / 1000.0,
+                p99_us: h.quantile(0.99) as f64 / 1000.0,
+                p999_us: h.quantile(0.999) as f64 / 1000.0,
+            }
+        };
+        let up_report = up.then(|| report_of(&up_sent, &up_rx));
+        let down_report = down.then(|| report_of(&down_sent, &down_rx));
+        let relayed = up_report.as_ref().map_or(0, |r| r.delivered)
+            + down_report.as_ref().map_or(0, |r| r.delivered);
+        Report {
+            offered_pps: rate,
+            seconds,
+            up: up_report,
+            down: down_report,
+            server_cpu_us_per_packet: cpu
+                .filter(|_| relayed > 0)
+                .map(|c| c * 1e6 / relayed as f64),
+        }
+    }
+
+    fn frames(&self, index: usize) -> Vec<Vec<u8>> {
+        let client = &self.clients[index];
+        let payload = vec![0u8; self.size];
+        (0..BATCH)
+            .map(|_| match self.mode {
+                Mode::Channel => {
+                    let mut frame = channel_data_header(FIRST_CHANNEL, self.size).to_vec();
+                    frame.extend_from_slice(&payload);
+                    frame
+                }
+                Mode::Send => {
+                    let mut marked = payload.clone();
+                    marked[..4].copy_from_slice(MAGIC);
+                    client.send_indication(self.peer_addr, &marked)
+                }
+            })
+            .collect()
+    }
+
+    fn send_up(&self, rate: u64, epoch: Instant, stop: &AtomicBool, sent: &AtomicU64) {
+        let mut frames: Vec<Vec<Vec<u8>>> =
+            (0..self.clients.len()).map(|i| self.frames(i)).collect();
+        // Where the payload starts in each allocation's frame.
+        let offsets: Vec<usize> = frames
+            .iter()
+            .map(|f| f[0].windows(4).position(|w| w == MAGIC).unwrap_or(4))
+            .collect();
+        let mut pacer = Pacer {
+            rate,
+            started: Instant::now(),
+            sent: 0,
+        };
+        let mut seq = 0u64;
+        let mut next = 0usize;
+        while !stop.load(Ordering::Relaxed) {
+            let budget = pacer.budget() as usize;
+            if budget == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+                continue;
+            }
+            // Unpaced: a batch per allocation; paced: one datagram per allocation in turn.
+            let count = if rate == 0 { budget } else { 1 };
+            let i = next;
+            next = (next + 1) % self.clients.len();
+            let now = epoch.elapsed().as_nanos() as u64;
+            for frame in frames[i].iter_mut().take(count) {
+                write_header(&mut frame[offsets[i]..], i as u32, seq, now);
+                seq += 1;
+            }
+            let fd = self.clients[i].socket.as_raw_fd();
+            let n = send_batch(fd, &mut frames[i][..count], None);
+            pacer.sent += n as u64;
+            sent.store(pacer.sent, Ordering::Relaxed);
+        }
+    }
+
+    fn send_down(&self, rate: u64, epoch: Instant, stop: &AtomicBool, sent: &AtomicU64) {
+        let relays: Vec<libc::sockaddr_storage> =
+            self.clients.iter().map(|c| sockaddr(c.relay)).collect();
+        let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; self.size]).collect();
+        let mut dests: Vec<libc::sockaddr_storage> = vec![relays[0]; BATCH];
+        let mut pacer = Pacer {
+            rate,
+            started: Instant::now(),
+            sent: 0,
+        };
+        let mut seq = 0u64;
+        let mut next = 0usize;
+        let fd = self.peer.as_raw_fd();
+        while !stop.load(Ordering::Relaxed) {
+            let budget = pacer.budget() as usize;
+            if budget == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+                continue;
+            }
+            let now = epoch.elapsed().as_nanos() as u64;
+            for k in 0..budget {
+                write_header(&mut bufs[k], next as u32, seq, now);
+                dests[k] = relays[next];
+                seq += 1;
+                next = (next + 1) % relays.len();
+            }
+            let n = send_batch(fd, &mut bufs[..budget], Some(&mut dests[..budget]));
+            pacer.sent += n as u64;
+            sent.store(pacer.sent, Ordering::Relaxed);
+        }
+    }
+}
+
+fn receive_clients(clients: &[BenchClient], epoch: Instant, stop: &AtomicBool, rx: &Received) {
+    // SAFETY: epoll_create1 has no preconditions; the fd is closed below.
+    let epoll = unsafe { libc::epoll_create1(0) };
+    if epoll < 0 {
+        return;
+    }
+    for (i, c) in clients.iter().enumerate() {
+        let mut event = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: i as u64,
+        };
+        // SAFETY: valid epoll fd, socket fd and event.
+        unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, c.socket.as_raw_fd(), &mut event) };
+    }
+    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+    let mut buf = [0u8; 2048];
+    let mut local = Histogram::default();
+    let mut count = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        // SAFETY: the events buffer is valid for its length.
+        let ready =
+            unsafe { libc::epoll_wait(epoll, events.as_mut_ptr(), events.len() as i32, 50) };
+        for event in events.iter().take(usize::try_from(ready).unwrap_or(0)) {
+            let socket = &clients[event.u64 as usize].socket;
+            while let Ok(n) = socket.recv(&mut buf) {
+                if let Some(sent_ns) = stamp(&buf[..n]) {
+                    let now = epoch.elapsed().as_nanos() as u64;
+                    local.record(now.saturating_sub(sent_ns));
+                    count += 1;
+                }
+            }
+        }
+        rx.packets.store(count, Ordering::Relaxed);
+    }
+    // SAFETY: closing the epoll fd we created.
+    unsafe { libc::close(epoll) };
+    rx.packets.store(count, Ordering::Relaxed);
+    rx.histogram.lock().unwrap().merge(&local);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_inside_framing() {
+        let mut payload = vec![0u8; 100];
+        write_header(&mut payload, 7, 42, 123_456);
+        let mut framed = channel_data_header(0x4000, 100).to_vec();
+        framed.extend_from_slice(&payload);
+        assert_eq!(stamp(&framed), Some(123_456));
+        assert_eq!(stamp(&[0u8; 40]), None);
+    }
+}

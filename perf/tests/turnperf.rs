@@ -1,0 +1,121 @@
+//! turnperf against a TURN server no one here wrote: coturn's `turnserver` on loopback.
+
+use std::net::UdpSocket;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Coturn(Child);
+
+impl Drop for Coturn {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn coturn() -> (Coturn, u16) {
+    let port = UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("turnserver")
+        .args([
+            "-n",
+            "--listening-ip=127.0.0.1",
+            &format!("--listening-port={port}"),
+            "--relay-ip=127.0.0.1",
+            "--user=user1:pass1",
+            "--realm=test",
+            "--lt-cred-mech",
+            "--no-tls",
+            "--no-dtls",
+            "--allow-loopback-peers",
+            "--no-cli",
+            "--log-file=stdout",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("coturn's turnserver (bash .ci/run installs it)");
+    std::thread::sleep(Duration::from_millis(800));
+    (Coturn(child), port)
+}
+
+fn turnperf(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_turnperf"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn turnperf_relays_through_coturn_both_ways_and_reports() {
+    let (server, port) = coturn();
+    let addr = format!("127.0.0.1:{port}");
+    let (code, out, err) = turnperf(&[
+        &addr,
+        "-n",
+        "16",
+        "-r",
+        "200",
+        "-d",
+        "1.5",
+        "--direction",
+        "both",
+        "--json",
+        "--server-pid",
+        &server.0.id().to_string(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["allocations"], 16);
+    assert!(doc["setup_rate"].as_f64().unwrap() > 0.0);
+    for dir in ["up", "down"] {
+        let d = &doc["report"][dir];
+        let (sent, delivered) = (
+            d["sent"].as_u64().unwrap(),
+            d["delivered"].as_u64().unwrap(),
+        );
+        // 16 allocations × 200/s × 1.5 s, paced.
+        assert!((4000..=5200).contains(&sent), "{dir}: {d}");
+        assert!(delivered * 100 >= sent * 99, "{dir}: {d}");
+        assert!(d["p50_us"].as_f64().unwrap() > 0.0, "{dir}: {d}");
+        assert!(d["p999_us"].as_f64().unwrap() >= d["p50_us"].as_f64().unwrap());
+    }
+    assert!(
+        doc["report"]["server_cpu_us_per_packet"].as_f64().is_some(),
+        "{doc}"
+    );
+
+    // Send indications, and the human table.
+    let (code, out, err) = turnperf(&[
+        &addr, "-n", "4", "-r", "100", "-d", "1", "--mode", "send", "-q",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let row = out.lines().find(|l| l.starts_with("up")).expect(&out);
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cols[1], cols[2],
+        "sent must equal delivered at this rate: {out}"
+    );
+    drop(server);
+}
+
+#[test]
+fn turnperf_rejects_bad_options_clearly() {
+    let (code, _, err) = turnperf(&["127.0.0.1:9", "-s", "8"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--size 8"), "{err}");
+    let (code, _, err) = turnperf(&["127.0.0.1:9", "-n", "20000"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--allocations 20000"), "{err}");
+    let (code, _, err) = turnperf(&["127.0.0.1:9", "--transport", "tcp"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("tcp"), "{err}");
+}
