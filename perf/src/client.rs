@@ -30,6 +30,19 @@ fn other(msg: String) -> io::Error {
 }
 
 impl BenchClient {
+    /// A client of udprelay (no TURN): `socket` is connected to its listen port, `relay` is
+    /// its relay port.
+    pub fn plain(socket: UdpSocket, relay: SocketAddr) -> BenchClient {
+        BenchClient {
+            socket,
+            relay,
+            user: String::new(),
+            pass: String::new(),
+            realm: String::new(),
+            nonce: String::new(),
+        }
+    }
+
     /// Allocates on `server` with static credentials.
     pub fn allocate(server: SocketAddr, user: &str, pass: &str) -> io::Result<BenchClient> {
         let local = if server.is_ipv4() {

@@ -80,6 +80,8 @@ pub enum Mode {
     Channel,
     /// Send indications (the server answers with Data indications).
     Send,
+    /// No TURN at all: raw datagrams through udprelay, the machine's ceiling.
+    Plain,
 }
 
 /// What to run.
@@ -97,6 +99,8 @@ pub struct LoadConfig {
     pub peer_ip: IpAddr,
     /// Framing.
     pub mode: Mode,
+    /// With [`Mode::Plain`]: udprelay's relay port (`server` is its listen port).
+    pub plain_relay: Option<SocketAddr>,
 }
 
 /// The allocations and the peer, ready for runs.
@@ -128,7 +132,23 @@ pub fn setup(config: &LoadConfig) -> io::Result<Setup> {
     let peer_addr = peer.local_addr()?;
     let started = Instant::now();
     let mut clients = Vec::with_capacity(config.allocations);
+    if config.mode == Mode::Plain {
+        let relay = config.plain_relay.ok_or_else(|| {
+            io::Error::other("--mode plain needs --plain-relay ADDR (udprelay prints it)")
+        })?;
+        peer.send_to(b"UTPF-PEER", relay)?;
+        for i in 0..config.allocations {
+            let socket = UdpSocket::bind((config.server.ip(), 0))?;
+            socket.connect(config.server)?;
+            socket.send(format!("UTPF-CLIENT {i}").as_bytes())?;
+            clients.push(BenchClient::plain(socket, relay));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     for i in 0..config.allocations {
+        if config.mode == Mode::Plain {
+            break;
+        }
         let (user, pass) = config.auth.credentials();
         let mut client = BenchClient::allocate(config.server, &user, &pass)
             .map_err(|e| io::Error::other(format!("allocation {i}: {e}")))?;
@@ -458,6 +478,7 @@ impl Setup {
         let payload = vec![0u8; self.size];
         (0..BATCH)
             .map(|_| match self.mode {
+                Mode::Plain => payload.clone(),
                 Mode::Channel => {
                     let mut frame = channel_data_header(FIRST_CHANNEL, self.size).to_vec();
                     frame.extend_from_slice(&payload);
@@ -478,7 +499,11 @@ impl Setup {
         // Where the payload starts in each allocation's frame.
         let offsets: Vec<usize> = frames
             .iter()
-            .map(|f| f[0].windows(4).position(|w| w == MAGIC).unwrap_or(4))
+            .map(|f| match self.mode {
+                Mode::Plain => 0,
+                Mode::Channel => 4,
+                Mode::Send => f[0].windows(4).position(|w| w == MAGIC).unwrap_or(4),
+            })
             .collect();
         let mut pacer = Pacer {
             rate,

@@ -42,9 +42,12 @@ struct Cli {
     /// client→peer (up), peer→client (down) or both.
     #[arg(long, value_enum, default_value = "up")]
     direction: Direction,
-    /// ChannelData or Send indications.
+    /// ChannelData, Send indications, or plain (no TURN: through udprelay).
     #[arg(long, value_enum, default_value = "channel")]
     mode: Mode,
+    /// With --mode plain: udprelay's relay address.
+    #[arg(long)]
+    plain_relay: Option<std::net::SocketAddr>,
     /// Client transport.
     #[arg(long, default_value = "udp", value_parser = ["udp", "tcp"])]
     transport: String,
@@ -98,6 +101,7 @@ fn main() -> ExitCode {
         size: cli.size,
         peer_ip: cli.peer_ip,
         mode: cli.mode,
+        plain_relay: cli.plain_relay,
     };
     let setup = match setup(&config) {
         Ok(s) => s,
