@@ -43,7 +43,8 @@ free_port() {
 server_pid=""
 stop_server() {
   if [ -n "$server_pid" ]; then
-    kill "$server_pid" 2>/dev/null || true
+    # SIGKILL: on SIGTERM stunnerd (like stunnerd) drains until its allocations expire.
+    kill -9 "$server_pid" 2>/dev/null || true
     wait "$server_pid" 2>/dev/null || true
     server_pid=""
   fi

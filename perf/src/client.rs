@@ -61,9 +61,7 @@ impl BenchClient {
             realm: String::new(),
             nonce: String::new(),
         };
-        let udp = |m: &mut MessageWriteVec, _: TransactionId| {
-            m.add_attribute(&RequestedTransport::new(17)).unwrap();
-        };
+        let udp = udp_transport;
         let challenge = client.request(ALLOCATE, &udp, false)?;
         let msg = Message::from_bytes(&challenge).map_err(|e| other(e.to_string()))?;
         client.realm = msg
@@ -143,35 +141,67 @@ impl BenchClient {
         attrs: &dyn Fn(&mut MessageWriteVec, TransactionId),
         auth: bool,
     ) -> io::Result<Vec<u8>> {
-        let txid = TransactionId::generate();
-        let mut msg = Message::builder(
-            MessageType::from_class_method(MessageClass::Request, method),
-            txid,
-            MessageWriteVec::new(),
-        );
-        attrs(&mut msg, txid);
-        if auth {
-            msg.add_attribute(&Username::new(&self.user).unwrap())
-                .unwrap();
-            msg.add_attribute(&Realm::new(&self.realm).unwrap())
-                .unwrap();
-            msg.add_attribute(&Nonce::new(&self.nonce).unwrap())
-                .unwrap();
-            let creds: MessageIntegrityCredentials = LongTermKeyCredentials::new(
-                self.user.clone(),
-                self.pass.clone(),
-                self.realm.clone(),
-            )
-            .into();
-            msg.add_message_integrity(&creds, IntegrityAlgorithm::Sha1)
-                .map_err(|e| other(e.to_string()))?;
-        }
-        self.socket.send(&msg.finish())?;
+        let credentials = auth.then(|| Credentials {
+            user: &self.user,
+            pass: &self.pass,
+            realm: &self.realm,
+            nonce: &self.nonce,
+        });
+        let request = build_request(method, attrs, credentials.as_ref()).map_err(other)?;
+        self.socket.send(&request)?;
         let mut buf = vec![0u8; 2048];
         let n = self.socket.recv(&mut buf)?;
         buf.truncate(n);
         Ok(buf)
     }
+}
+
+/// Long-term credentials with the realm and nonce a 401 taught.
+#[derive(Debug, Clone, Copy)]
+pub struct Credentials<'a> {
+    /// Username.
+    pub user: &'a str,
+    /// Password.
+    pub pass: &'a str,
+    /// Realm from the server's 401.
+    pub realm: &'a str,
+    /// Nonce from the server's 401.
+    pub nonce: &'a str,
+}
+
+/// A STUN/TURN request for `method` with `attrs`, signed with `credentials` if given
+/// (USERNAME, REALM, NONCE, MESSAGE-INTEGRITY).
+pub fn build_request(
+    method: Method,
+    attrs: &dyn Fn(&mut MessageWriteVec, TransactionId),
+    credentials: Option<&Credentials<'_>>,
+) -> Result<Vec<u8>, String> {
+    let txid = TransactionId::generate();
+    let mut msg = Message::builder(
+        MessageType::from_class_method(MessageClass::Request, method),
+        txid,
+        MessageWriteVec::new(),
+    );
+    attrs(&mut msg, txid);
+    if let Some(c) = credentials {
+        let bad = |e: &dyn std::fmt::Display| e.to_string();
+        msg.add_attribute(&Username::new(c.user).map_err(|e| bad(&e))?)
+            .map_err(|e| bad(&e))?;
+        msg.add_attribute(&Realm::new(c.realm).map_err(|e| bad(&e))?)
+            .map_err(|e| bad(&e))?;
+        msg.add_attribute(&Nonce::new(c.nonce).map_err(|e| bad(&e))?)
+            .map_err(|e| bad(&e))?;
+        let creds: MessageIntegrityCredentials =
+            LongTermKeyCredentials::new(c.user.into(), c.pass.into(), c.realm.into()).into();
+        msg.add_message_integrity(&creds, IntegrityAlgorithm::Sha1)
+            .map_err(|e| bad(&e))?;
+    }
+    Ok(msg.finish())
+}
+
+/// Adds REQUESTED-TRANSPORT UDP (an Allocate's one required attribute).
+pub fn udp_transport(m: &mut MessageWriteVec, _: TransactionId) {
+    m.add_attribute(&RequestedTransport::new(17)).unwrap();
 }
 
 /// The ChannelData header for `len` payload bytes on `channel` (RFC 8656 §12.4).

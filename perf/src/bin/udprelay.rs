@@ -12,6 +12,9 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, RwLock};
 
 const BATCH: usize = 32;
+
+/// A socket address as the kernel takes it, with its length.
+type Name = (libc::sockaddr_storage, u32);
 const SIZE: usize = 2048;
 
 fn to_storage(addr: SocketAddr) -> (libc::sockaddr_storage, u32) {
@@ -112,8 +115,8 @@ impl Batch {
             )
         };
         self.count = usize::try_from(n).unwrap_or(0);
-        for i in 0..self.count {
-            self.lens[i] = headers[i].msg_len as usize;
+        for (len, header) in self.lens.iter_mut().zip(&headers).take(self.count) {
+            *len = header.msg_len as usize;
         }
     }
 }
@@ -154,9 +157,8 @@ fn main() {
         listener.local_addr().unwrap(),
         relay.local_addr().unwrap()
     );
-    let clients: Arc<RwLock<Vec<Option<(libc::sockaddr_storage, u32)>>>> =
-        Arc::new(RwLock::new(Vec::new()));
-    let peer: Arc<RwLock<Option<(libc::sockaddr_storage, u32)>>> = Arc::new(RwLock::new(None));
+    let clients: Arc<RwLock<Vec<Option<Name>>>> = Arc::new(RwLock::new(Vec::new()));
+    let peer: Arc<RwLock<Option<Name>>> = Arc::new(RwLock::new(None));
     let (lfd, rfd) = (listener.as_raw_fd(), relay.as_raw_fd());
     let up = {
         let (clients, peer) = (clients.clone(), peer.clone());
