@@ -9,7 +9,8 @@
 #
 # Environment: REPS (3), DURATION seconds per run (3), SIZES ("100 1200"), ALLOCS ("64 1000"),
 # THREADS ("1 2"), SERVERS ("uturn coturn pion plain"), RATE per allocation (0 = as fast as
-# possible), OUT (target/compare). Every loop is bounded by these counts; every server is
+# possible), FIND_MAX=1 (search each cell's highest rate with loss under MAX_LOSS percent, 1;
+# slower), OUT (target/compare). Every loop is bounded by these counts; every server is
 # started and stopped by this script, by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,8 @@ ALLOCS=${ALLOCS:-"64 1000"}
 THREADS=${THREADS:-"1 2"}
 SERVERS=${SERVERS:-"uturn coturn pion plain"}
 RATE=${RATE:-0}
+FIND_MAX=${FIND_MAX:-0}
+MAX_LOSS=${MAX_LOSS:-1}
 OUT=${OUT:-target/compare}
 mkdir -p "$OUT"
 results="$OUT/results.jsonl"
@@ -100,6 +103,7 @@ for rep in $(seq 1 "$REPS"); do
           start_server "$name" "$threads" "$port"
           mode=(--mode channel)
           [ "$name" = plain ] && mode=(--mode plain --plain-relay "$plain_relay")
+          [ "$FIND_MAX" = 1 ] && mode+=(--find-max --max-loss "$MAX_LOSS")
           echo "[$run/$total] $name threads=$threads size=$size allocations=$allocs rep=$rep" >&2
           if report=$(target/release/turnperf "127.0.0.1:$port" -n "$allocs" -s "$size" -r "$RATE" \
               -d "$DURATION" --server-pid "$server_pid" "${mode[@]}" --json -q); then
