@@ -190,17 +190,17 @@ fn reconcile_listeners(shard: &ShardRef, snap: &Snapshot, setup: &ShardSetup) {
         .collect();
     {
         let mut s = shard.borrow_mut();
-        let removed: Vec<ListenerId> = s
+        let removed: Vec<(ListenerId, String)> = s
             .listeners
             .iter()
             .filter(|running| !desired.iter().any(|d| **d == running.spec))
-            .map(|running| running.id)
+            .map(|running| (running.id, running.spec.name.clone()))
             .collect();
-        for id in removed {
+        for (id, name) in removed {
             s.engine.close_listener(id);
             close_relays(&mut s);
             s.listeners.retain(|l| l.id != id);
-            tracing::info!(target: "stunner", "listener closed on shard {}", s.index);
+            tracing::info!(target: "stunner", "listener {name:?} closed on shard {}", s.index);
         }
     }
     let count = listener_sockets_on_shard(setup.udp_thread_num, setup.shards, setup.index);

@@ -700,6 +700,16 @@ fn listeners_open_and_close_live_on_every_shard() {
         "the removed listener's allocation was not freed: {:?}",
         status(health)
     );
+    // Each shard closes its socket on its next tick (100 ms); wait for both.
+    assert!(
+        wait_until(5, || {
+            let logs = server.logs();
+            logs.contains("listener \"extra\" closed on shard 0")
+                && logs.contains("listener \"extra\" closed on shard 1")
+        }),
+        "{}",
+        server.logs()
+    );
     let mut late = Driver::new(extra_addr, "alice", "s3cret");
     assert!(late
         .until_for(1.5, &|e| matches!(e, TurnEvent::AllocationCreated(..)))
