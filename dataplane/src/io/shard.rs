@@ -3,7 +3,7 @@
 //! across an `.await`.
 
 use super::metrics::{Named, ShardReport};
-use super::socket::{canonical, for_socket, listener_socket, relay_socket};
+use super::socket::{canonical, for_socket, listener_socket, relay_socket, try_send_to};
 use super::ShardStats;
 use crate::proto::{
     Bytes, ClientAction, DropReason, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction,
@@ -14,7 +14,7 @@ use glommio::net::UdpSocket;
 use glommio::{spawn_local, Task};
 use std::cell::RefCell;
 use std::net::SocketAddr;
-use std::os::fd::{FromRawFd, IntoRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -306,12 +306,12 @@ async fn listener_loop(shard: ShardRef, id: ListenerId, metric: usize, socket: R
         };
         match send {
             Send::Nothing => {}
-            Send::Reply(n) => match socket.send_to(&out[..n], for_socket(local, from)).await {
+            Send::Reply(n) => match send_now(&socket, &out[..n], for_socket(local, from)).await {
                 Ok(sent) => shard.borrow_mut().counters.listeners.traffic[metric].tx(sent),
                 Err(e) => tracing::debug!(target: "stunner", "send failed: {e}"),
             },
             Send::Relay(relay, peer, payload, cluster) => {
-                match relay.send_to(&buf[payload], peer).await {
+                match send_now(&relay, &buf[payload], peer).await {
                     Ok(sent) => {
                         if let Some(cluster) = cluster {
                             shard.borrow_mut().counters.clusters.traffic[cluster].tx(sent);
@@ -321,6 +321,15 @@ async fn listener_loop(shard: ShardRef, id: ListenerId, metric: usize, socket: R
                 }
             }
         }
+    }
+}
+
+/// Sends with one direct non-blocking syscall, falling back to an io_uring send (which waits
+/// for room) only when the socket buffer is full.
+async fn send_now(socket: &UdpSocket, data: &[u8], to: SocketAddr) -> std::io::Result<usize> {
+    match try_send_to(socket.as_raw_fd(), data, to)? {
+        Some(sent) => Ok(sent),
+        None => socket.send_to(data, to).await.map_err(std::io::Error::from),
     }
 }
 
@@ -479,10 +488,7 @@ async fn relay_loop(shard: ShardRef, relay: RelayId, socket: Rc<UdpSocket>) {
             Bytes::Input(range) => &buf[range],
             Bytes::Output(n) => &out[..n],
         };
-        match listener_socket
-            .send_to(data, for_socket(local, client))
-            .await
-        {
+        match send_now(&listener_socket, data, for_socket(local, client)).await {
             Ok(sent) => shard.borrow_mut().counters.listeners.traffic[metric].tx(sent),
             Err(e) => tracing::debug!(target: "stunner", "send to client failed: {e}"),
         }

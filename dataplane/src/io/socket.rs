@@ -119,3 +119,35 @@ pub fn for_socket(local: SocketAddr, dest: SocketAddr) -> SocketAddr {
         _ => dest,
     }
 }
+
+/// One non-blocking `sendto` straight on the socket, bypassing the io_uring submission and
+/// completion round trip: the datagram is copied into the kernel at once, so there is nothing
+/// to wait for. `Ok(None)` when the socket buffer is full; the caller then awaits an
+/// io_uring send instead.
+pub fn try_send_to(
+    fd: std::os::fd::RawFd,
+    data: &[u8],
+    to: SocketAddr,
+) -> io::Result<Option<usize>> {
+    let addr = socket2::SockAddr::from(to);
+    // SAFETY: `data` and `addr` are valid for the call; MSG_DONTWAIT never blocks the shard.
+    let sent = unsafe {
+        libc::sendto(
+            fd,
+            data.as_ptr().cast(),
+            data.len(),
+            libc::MSG_DONTWAIT,
+            addr.as_ptr().cast(),
+            addr.len(),
+        )
+    };
+    if sent >= 0 {
+        return Ok(Some(sent as usize));
+    }
+    let error = io::Error::last_os_error();
+    if error.kind() == io::ErrorKind::WouldBlock {
+        Ok(None)
+    } else {
+        Err(error)
+    }
+}
