@@ -830,16 +830,7 @@ impl Engine {
             // stunnerd: the peer IP must lie in a cluster routed from the listener; the RFC's
             // answer for a policy denial is 403. Any denied peer fails the whole request.
             if !route.is_some_and(|r| snap.permits_ip(r, ip)) {
-                if let Some(suppressed) = self.denial_log.allow(now) {
-                    tracing::info!(
-                        target: "auth",
-                        "permission denied on listener {:?} for client \"{}\" to peer {}: no route to endpoint{suppressed}",
-                        alloc.listener_name,
-                        alloc.key.client,
-                        ip
-                    );
-                }
-                return Err(ErrorReply::new(403, "Forbidden"));
+                return Err(denied(&mut self.denial_log, now, alloc, ip));
             }
         }
         for ip in peers {
@@ -886,16 +877,7 @@ impl Engine {
         }
         let route = snap.route(&alloc.listener_name);
         if !route.is_some_and(|r| snap.permits_ip(r, peer.ip())) {
-            if let Some(suppressed) = self.denial_log.allow(now) {
-                tracing::info!(
-                    target: "auth",
-                    "permission denied on listener {:?} for client \"{}\" to peer {}: no route to endpoint{suppressed}",
-                    alloc.listener_name,
-                    alloc.key.client,
-                    peer.ip()
-                );
-            }
-            return Err(ErrorReply::new(403, "Forbidden"));
+            return Err(denied(&mut self.denial_log, now, alloc, peer.ip()));
         }
         install_permission(alloc, peer.ip(), now)?;
         match alloc.channels.iter_mut().find(|c| c.number == number) {
@@ -1120,6 +1102,25 @@ fn permission_admits(
         }
     };
     admitted.ok_or(DropReason::NotAdmitted)
+}
+
+/// A policy denial (RFC 8656: 403), logged as stunnerd does, rate-limited per shard.
+fn denied(
+    log: &mut ratelimit::LogLimiter,
+    now: Instant,
+    alloc: &Allocation,
+    peer: IpAddr,
+) -> ErrorReply {
+    if let Some(suppressed) = log.allow(now) {
+        tracing::info!(
+            target: "auth",
+            "permission denied on listener {:?} for client \"{}\" to peer {}: no route to endpoint{suppressed}",
+            alloc.listener_name,
+            alloc.key.client,
+            peer
+        );
+    }
+    ErrorReply::new(403, "Forbidden")
 }
 
 fn install_permission(alloc: &mut Allocation, ip: IpAddr, now: Instant) -> Result<(), ErrorReply> {

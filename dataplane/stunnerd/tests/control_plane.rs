@@ -13,19 +13,11 @@ use apiserver::{endpoint_slice, service, FakeApiServer, Kind};
 use serde_json::Value;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::Duration;
-use support::{free_port, status, wait_until, Driver, Stunnerd};
+use support::{free_port, status, temp_file, wait_until, Driver, Stunnerd};
 use turn_client_proto::api::TurnEvent;
 
 const CREATE_PERMISSION: u16 = 0x0008;
 const CHANNEL_BIND: u16 = 0x0009;
-
-fn temp_file(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!(
-        "uturn-{}-{}-{name}",
-        std::process::id(),
-        free_port()
-    ))
-}
 
 /// The discovery entry of `service` in `/status`.
 fn discovered(health: u16, service: &str) -> Option<Value> {

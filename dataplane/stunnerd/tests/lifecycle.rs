@@ -6,18 +6,10 @@ mod support;
 use serde_json::Value;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
-use support::{free_port, http_get, status, wait_until, Driver, Stunnerd};
+use support::{free_port, http_get, status, temp_file, wait_until, Driver, Stunnerd};
 
 const REFRESH: u16 = 0x0004;
 const CHANNEL_BIND: u16 = 0x0009;
-
-fn temp_file(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!(
-        "uturn-{}-{}-{name}",
-        std::process::id(),
-        free_port()
-    ))
-}
 
 fn config(turn: u16, health: u16, metrics: u16, realm: &str) -> String {
     format!(

@@ -25,6 +25,15 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// A fresh path in the temp dir for a test's file called `name`.
+pub fn temp_file(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "uturn-{}-{}-{name}",
+        std::process::id(),
+        free_port()
+    ))
+}
+
 /// A stunnerd process, killed when dropped; its output goes to `log`.
 pub struct Stunnerd {
     child: Child,
