@@ -334,6 +334,32 @@ struct Pacer {
 }
 
 impl Pacer {
+    fn new(rate: u64) -> Pacer {
+        Pacer {
+            rate,
+            started: Instant::now(),
+            sent: 0,
+        }
+    }
+
+    /// Waits until datagrams are due; how many may go now (`None` once `stop` is set).
+    fn due(&self, stop: &AtomicBool) -> Option<usize> {
+        while !stop.load(Ordering::Relaxed) {
+            let budget = self.budget() as usize;
+            if budget > 0 {
+                return Some(budget);
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        None
+    }
+
+    /// Records `n` datagrams sent and publishes the total.
+    fn sent(&mut self, n: usize, total: &AtomicU64) {
+        self.sent += n as u64;
+        total.store(self.sent, Ordering::Relaxed);
+    }
+
     fn budget(&self) -> u64 {
         if self.rate == 0 {
             return BATCH as u64;
@@ -505,19 +531,10 @@ impl Setup {
                 Mode::Send => f[0].windows(4).position(|w| w == MAGIC).unwrap_or(4),
             })
             .collect();
-        let mut pacer = Pacer {
-            rate,
-            started: Instant::now(),
-            sent: 0,
-        };
+        let mut pacer = Pacer::new(rate);
         let mut seq = 0u64;
         let mut next = 0usize;
-        while !stop.load(Ordering::Relaxed) {
-            let budget = pacer.budget() as usize;
-            if budget == 0 {
-                std::thread::sleep(Duration::from_micros(100));
-                continue;
-            }
+        while let Some(budget) = pacer.due(stop) {
             // Unpaced: a batch per allocation; paced: one datagram per allocation in turn.
             let count = if rate == 0 { budget } else { 1 };
             let i = next;
@@ -529,8 +546,7 @@ impl Setup {
             }
             let fd = self.clients[i].socket.as_raw_fd();
             let n = send_batch(fd, &mut frames[i][..count], None);
-            pacer.sent += n as u64;
-            sent.store(pacer.sent, Ordering::Relaxed);
+            pacer.sent(n, sent);
         }
     }
 
@@ -539,20 +555,11 @@ impl Setup {
             self.clients.iter().map(|c| sockaddr(c.relay)).collect();
         let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; self.size]).collect();
         let mut dests: Vec<libc::sockaddr_storage> = vec![relays[0]; BATCH];
-        let mut pacer = Pacer {
-            rate,
-            started: Instant::now(),
-            sent: 0,
-        };
+        let mut pacer = Pacer::new(rate);
         let mut seq = 0u64;
         let mut next = 0usize;
         let fd = self.peer.as_raw_fd();
-        while !stop.load(Ordering::Relaxed) {
-            let budget = pacer.budget() as usize;
-            if budget == 0 {
-                std::thread::sleep(Duration::from_micros(100));
-                continue;
-            }
+        while let Some(budget) = pacer.due(stop) {
             let now = epoch.elapsed().as_nanos() as u64;
             for k in 0..budget {
                 write_header(&mut bufs[k], next as u32, seq, now);
@@ -561,8 +568,7 @@ impl Setup {
                 next = (next + 1) % relays.len();
             }
             let n = send_batch(fd, &mut bufs[..budget], Some(&mut dests[..budget]));
-            pacer.sent += n as u64;
-            sent.store(pacer.sent, Ordering::Relaxed);
+            pacer.sent(n, sent);
         }
     }
 }
