@@ -81,6 +81,8 @@ pub struct ShardReport {
     pub dropped: [u64; DropReason::ALL.len()],
     /// Requests rejected for their credentials (401 or 438 sent).
     pub auth_failed: u64,
+    /// Datagrams the kernel would not take (a full socket buffer, or a send error).
+    pub send_failed: u64,
 }
 
 fn escape(value: &str) -> String {
@@ -206,11 +208,13 @@ pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
     );
     let mut dropped = [0u64; DropReason::ALL.len()];
     let mut auth_failed = 0;
+    let mut send_failed = 0;
     for report in &reports {
         for (total, n) in dropped.iter_mut().zip(report.dropped) {
             *total += n;
         }
         auth_failed += report.auth_failed;
+        send_failed += report.send_failed;
     }
     for reason in DropReason::ALL {
         let _ = writeln!(
@@ -223,5 +227,9 @@ pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
     let _ = writeln!(
         out,
         "uturn_dropped_datagrams_total{{reason=\"auth_failed\"}} {auth_failed}"
+    );
+    let _ = writeln!(
+        out,
+        "uturn_dropped_datagrams_total{{reason=\"send_failed\"}} {send_failed}"
     );
 }

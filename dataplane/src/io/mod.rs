@@ -1,11 +1,17 @@
-//! The IO shell: one shard per usable CPU, each a glommio (io_uring) executor that owns its
+//! The IO shell: one shard per usable CPU, each a single-threaded event loop that owns its
 //! SO_REUSEPORT listener sockets, the allocations made on them, their relay sockets and a
-//! [`crate::proto::Engine`]. The config arrives as an arc-swap [`Snapshot`] that every shard
-//! reads through its own `arc_swap::Cache`; nothing is locked or shared per packet.
+//! [`crate::proto::Engine`]. Two IO engines drive the same shard logic: glommio (io_uring)
+//! executors, or threads waiting in epoll where io_uring is blocked ([`probe`]). The config
+//! arrives as an arc-swap [`Snapshot`] that every shard reads through its own
+//! `arc_swap::Cache`; nothing is locked or shared per packet.
 
+pub mod batch;
+mod epoll;
 pub mod metrics;
+pub mod probe;
 mod shard;
 pub mod socket;
+mod uring;
 
 use arc_swap::ArcSwap;
 use std::io;
@@ -14,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use uturn_shared::snapshot::Snapshot;
 
+pub use probe::{select as select_engine, EngineChoice, IoEngine};
 pub use shard::listener_sockets_on_shard;
 
 /// How to run the dataplane.
@@ -28,6 +35,8 @@ pub struct DataplaneConfig {
     pub snapshot: Arc<ArcSwap<Snapshot>>,
     /// Secret for stateless nonces, shared by all shards.
     pub nonce_key: [u8; 32],
+    /// What waits for the sockets: io_uring or epoll (see [`select_engine`]).
+    pub engine: IoEngine,
 }
 
 /// The CPUs this process may use: `available_parallelism` (cgroup quota and affinity aware).
@@ -61,7 +70,7 @@ pub struct ShardStats {
 
 /// A running dataplane: its shards and their published counters.
 pub struct Dataplane {
-    threads: Vec<glommio::ExecutorJoinHandle<()>>,
+    threads: Vec<ShardThread>,
     stop: Arc<AtomicBool>,
     stats: Arc<Vec<ShardStats>>,
 }
@@ -93,14 +102,30 @@ impl Dataplane {
                 stop: stop.clone(),
                 stats: stats.clone(),
             };
-            let handle = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-                .name(&format!("uturn-shard-{index}"))
-                // glommio registers io_memory as fixed buffers on three rings; keep it well
-                // under RLIMIT_MEMLOCK/4 (8 MiB on most container runtimes).
-                .io_memory(512 << 10)
-                .spawn(move || shard::run(shard))
-                .map_err(|e| io::Error::other(format!("cannot start shard {index}: {e}")))?;
-            threads.push(handle);
+            let name = format!("uturn-shard-{index}");
+            let cannot = |e: &dyn std::fmt::Display| {
+                io::Error::other(format!("cannot start shard {index}: {e}"))
+            };
+            let thread = match config.engine {
+                IoEngine::Uring => glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                    .name(&name)
+                    // glommio registers io_memory as fixed buffers on three rings; keep it well
+                    // under RLIMIT_MEMLOCK/4 (8 MiB on most container runtimes).
+                    .io_memory(512 << 10)
+                    .spawn(move || uring::run(shard))
+                    .map(ShardThread::Uring)
+                    .map_err(|e| cannot(&e))?,
+                IoEngine::Epoll => std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || {
+                        if let Err(e) = epoll::run(shard) {
+                            tracing::error!(target: "stunner", "shard {index} stopped: {e}");
+                        }
+                    })
+                    .map(ShardThread::Epoll)
+                    .map_err(|e| cannot(&e))?,
+            };
+            threads.push(thread);
         }
         Ok(Dataplane {
             threads,
@@ -131,7 +156,19 @@ impl Dataplane {
     pub fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         for thread in self.threads {
-            let _ = thread.join();
+            match thread {
+                ShardThread::Uring(handle) => {
+                    let _ = handle.join();
+                }
+                ShardThread::Epoll(handle) => {
+                    let _ = handle.join();
+                }
+            }
         }
     }
+}
+
+enum ShardThread {
+    Uring(glommio::ExecutorJoinHandle<()>),
+    Epoll(std::thread::JoinHandle<()>),
 }

@@ -1,7 +1,11 @@
-//! One shard: a single-threaded glommio executor running listener, relay and tick tasks over
-//! a shard-local engine. Tasks share the shard through `Rc<RefCell<_>>`; no borrow is held
-//! across an `.await`.
+//! One shard's logic, whichever IO engine drives it: the listener and relay sockets it owns,
+//! the allocations made on them and a shard-local [`Engine`]. The engine ([`super::uring`] or
+//! [`super::epoll`]) only waits: it tells the shard which socket is readable
+//! ([`Shard::readable`]), when to flush queued sends ([`Shard::flush`]) and when to tick
+//! ([`Shard::tick`]). The shard moves datagrams with batched, non-blocking syscalls
+//! (`recvmmsg`, `sendto`, `sendmmsg`) into buffers allocated once.
 
+use super::batch::{Datagram, RecvBatch, SendQueue, BATCH};
 use super::metrics::{Named, ShardReport};
 use super::socket::{canonical, for_socket, listener_socket, relay_socket, try_send_to};
 use super::ShardStats;
@@ -10,12 +14,10 @@ use crate::proto::{
     RelayId, PEER_HEADROOM,
 };
 use arc_swap::{ArcSwap, Cache};
-use glommio::net::UdpSocket;
-use glommio::{spawn_local, Task};
-use std::cell::RefCell;
+use socket2::Socket;
+use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
-use std::rc::Rc;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,8 +26,12 @@ use uturn_shared::snapshot::{ClusterId, ListenerSpec, Snapshot};
 
 /// Datagrams of this size or more are dropped as possibly truncated (as stunnerd).
 const MAX_DATAGRAM: usize = 1600;
+/// Scratch for replies and framed ChannelData.
 const BUFFER: usize = 2048;
-const TICK: Duration = Duration::from_millis(100);
+/// How often a shard picks up a new snapshot, expires allocations and publishes counters.
+pub(super) const TICK: Duration = Duration::from_millis(100);
+/// Batches one readable socket may take before the shard serves the others.
+const ROUNDS: usize = 4;
 
 pub(super) struct ShardSetup {
     pub index: usize,
@@ -43,20 +49,68 @@ pub fn listener_sockets_on_shard(udp_thread_num: usize, shards: usize, index: us
     (0..total).filter(|j| j % shards.max(1) == index).count()
 }
 
-struct RunningListener {
+/// Which socket an engine reports readable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Token {
+    /// Socket `n` of a listener.
+    Listener(ListenerId, u16),
+    /// An allocation's relay socket.
+    Relay(RelayId),
+}
+
+impl Token {
+    const LISTENER: u64 = 1 << 63;
+
+    /// A number to register with a poller.
+    pub fn to_u64(self) -> u64 {
+        match self {
+            Token::Listener(id, n) => Token::LISTENER | (u64::from(id.0) << 16) | u64::from(n),
+            Token::Relay(id) => u64::from(id.0),
+        }
+    }
+
+    /// The token [`Token::to_u64`] made `raw` from.
+    pub fn from_u64(raw: u64) -> Token {
+        if raw & Token::LISTENER != 0 {
+            Token::Listener(ListenerId((raw >> 16) as u32), raw as u16)
+        } else {
+            Token::Relay(RelayId(raw as u32))
+        }
+    }
+}
+
+/// What an IO engine provides: readiness reports for the sockets a shard opens.
+pub(super) trait Driver {
+    /// Keeps a watched socket open and reported; dropping it closes the socket.
+    type Watch;
+
+    /// Starts reporting `socket` as `token` (it is non-blocking). Returns its fd, valid for as
+    /// long as the returned watch lives.
+    fn watch(&self, socket: Socket, token: Token) -> io::Result<(RawFd, Self::Watch)>;
+}
+
+/// Whether a readable socket was emptied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Readiness {
+    /// The socket had nothing more (or is gone).
+    Drained,
+    /// The shard stopped after [`ROUNDS`] full batches; more is probably waiting.
+    More,
+}
+
+struct RunningListener<W> {
     id: ListenerId,
     /// Slot of this listener's name in the shard's listener counters.
     metric: usize,
     spec: ListenerSpec,
     /// The address every socket of this listener is bound to (all share it via SO_REUSEPORT).
     local_addr: SocketAddr,
-    sockets: Vec<Rc<UdpSocket>>,
-    _tasks: Vec<Task<()>>,
+    sockets: Vec<(RawFd, W)>,
 }
 
-struct RelaySlot {
-    socket: Rc<UdpSocket>,
-    _task: Task<()>,
+struct RelaySlot<W> {
+    fd: RawFd,
+    _watch: W,
 }
 
 #[derive(Default)]
@@ -66,6 +120,8 @@ struct Counters {
     relayed_to_client: u64,
     /// Datagrams dropped before the engine saw them (too big).
     oversized: u64,
+    /// Datagrams the kernel would not take (full socket buffer or an error).
+    send_failed: u64,
     listeners: Named,
     clusters: Named,
     /// `ClusterId` → slot in `clusters`, for the snapshot generation `cluster_generation`.
@@ -87,410 +143,447 @@ impl Counters {
         }
         self.cluster_slots.get(id).copied()
     }
+
+    /// Counts the outcome of one send.
+    fn sent(&mut self, outcome: io::Result<Option<usize>>) -> Option<usize> {
+        match outcome {
+            Ok(Some(n)) => Some(n),
+            Ok(None) => {
+                self.send_failed += 1;
+                None
+            }
+            Err(e) => {
+                self.send_failed += 1;
+                tracing::debug!(target: "stunner", "send failed: {e}");
+                None
+            }
+        }
+    }
 }
 
-struct Shard {
+pub(super) struct Shard<D: Driver> {
     index: usize,
     engine: Engine,
     cache: Cache<Arc<ArcSwap<Snapshot>>, Arc<Snapshot>>,
-    listeners: Vec<RunningListener>,
-    relays: Vec<Option<RelaySlot>>,
+    generation: Option<u64>,
+    listeners: Vec<RunningListener<D::Watch>>,
+    relays: Vec<Option<RelaySlot<D::Watch>>>,
     next_listener_id: u32,
     counters: Counters,
+    driver: D,
+    /// Taken while a batch is handled (so the shard can be borrowed alongside it).
+    batch: Option<Box<RecvBatch>>,
+    out: Box<[u8]>,
+    to_clients: SendQueue,
 }
 
-type ShardRef = Rc<RefCell<Shard>>;
-
-pub(super) async fn run(setup: ShardSetup) {
-    let shard: ShardRef = Rc::new(RefCell::new(Shard {
-        index: setup.index,
-        engine: Engine::new(setup.engine.clone()),
-        cache: Cache::new(setup.snapshot.clone()),
-        listeners: Vec::new(),
-        relays: Vec::new(),
-        next_listener_id: 0,
-        counters: Counters::default(),
-    }));
-    let mut generation = None;
-    while !setup.stop.load(Ordering::Relaxed) {
-        let now = Instant::now();
-        {
-            let snap = shard.borrow_mut().cache.load().clone();
-            if generation != Some(snap.generation) {
-                generation = Some(snap.generation);
-                reconcile_listeners(&shard, &snap, &setup);
-            }
-            let mut s = shard.borrow_mut();
-            if s.engine.poll_timeout().is_some_and(|t| t <= now) {
-                s.engine.handle_timeout(now);
-                close_relays(&mut s);
-            }
-            publish(&s, &setup.stats[setup.index]);
+impl<D: Driver> Shard<D> {
+    pub fn new(setup: &ShardSetup, driver: D) -> Shard<D> {
+        Shard {
+            index: setup.index,
+            engine: Engine::new(setup.engine.clone()),
+            cache: Cache::new(setup.snapshot.clone()),
+            generation: None,
+            listeners: Vec::new(),
+            relays: Vec::new(),
+            next_listener_id: 0,
+            counters: Counters::default(),
+            driver,
+            batch: Some(Box::new(RecvBatch::new(PEER_HEADROOM))),
+            out: vec![0u8; BUFFER].into_boxed_slice(),
+            to_clients: SendQueue::new(),
         }
-        glommio::timer::sleep(TICK).await;
     }
-    // Dropping the tasks cancels them and closes every socket; this also breaks the
-    // shard ↔ task reference cycle.
-    let mut s = shard.borrow_mut();
-    s.listeners.clear();
-    s.relays.clear();
-    setup.stats[setup.index]
-        .allocations
-        .store(0, Ordering::Relaxed);
-}
 
-fn publish(shard: &Shard, stats: &ShardStats) {
-    let engine = shard.engine.stats();
-    let dropped: u64 = engine.dropped.iter().sum();
-    stats
-        .allocations
-        .store(shard.engine.allocation_count() as u64, Ordering::Relaxed);
-    stats
-        .allocations_created
-        .store(engine.allocations_created, Ordering::Relaxed);
-    stats.dropped.store(dropped, Ordering::Relaxed);
-    stats.malformed.store(
-        engine.dropped[DropReason::Malformed.index()],
-        Ordering::Relaxed,
-    );
-    stats
-        .listener_rx_packets
-        .store(shard.counters.listener_rx_packets, Ordering::Relaxed);
-    stats
-        .relayed_to_peer
-        .store(shard.counters.relayed_to_peer, Ordering::Relaxed);
-    stats
-        .relayed_to_client
-        .store(shard.counters.relayed_to_client, Ordering::Relaxed);
-    let mut report = ShardReport {
-        listeners: shard.counters.listeners.clone(),
-        clusters: shard.counters.clusters.clone(),
-        dropped: engine.dropped,
-        auth_failed: engine.auth_failures,
-    };
-    report.dropped[DropReason::Malformed.index()] += shard.counters.oversized;
-    for open in report.listeners.open.iter_mut() {
-        *open = 0;
+    /// Picks up a new snapshot (opening and closing listeners), expires what is due and
+    /// publishes the counters.
+    pub fn tick(&mut self, setup: &ShardSetup) {
+        let now = Instant::now();
+        let snap = self.cache.load().clone();
+        if self.generation != Some(snap.generation) {
+            self.generation = Some(snap.generation);
+            self.reconcile_listeners(&snap, setup);
+        }
+        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
+            self.engine.handle_timeout(now);
+            self.close_relays();
+        }
+        self.publish(&setup.stats[self.index]);
     }
-    for l in &shard.listeners {
-        report.listeners.open[l.metric] += l.sockets.len() as u64;
-    }
-    if let Ok(mut published) = stats.report.lock() {
-        *published = report;
-    }
-}
 
-/// Opens listeners the snapshot adds and closes those it removes (or changes in a way that
-/// needs a restart); unchanged listeners and their allocations are left alone.
-fn reconcile_listeners(shard: &ShardRef, snap: &Snapshot, setup: &ShardSetup) {
-    let desired: Vec<&ListenerSpec> = snap
-        .listeners
-        .iter()
-        .filter(|l| l.protocol == ListenerProtocol::TurnUdp)
-        .collect();
-    {
-        let mut s = shard.borrow_mut();
-        let removed: Vec<(ListenerId, String)> = s
+    /// Closes every socket.
+    pub fn shutdown(&mut self, stats: &ShardStats) {
+        self.listeners.clear();
+        self.relays.clear();
+        stats.allocations.store(0, Ordering::Relaxed);
+    }
+
+    /// Receives and handles what waits on the socket behind `token`, up to [`ROUNDS`] batches.
+    pub fn readable(&mut self, token: Token) -> Readiness {
+        let Some(mut batch) = self.batch.take() else {
+            return Readiness::Drained;
+        };
+        let readiness = match token {
+            Token::Listener(id, n) => self.listener_readable(&mut batch, id, usize::from(n)),
+            Token::Relay(relay) => self.relay_readable(&mut batch, relay),
+        };
+        self.batch = Some(batch);
+        readiness
+    }
+
+    /// Sends the datagrams queued for clients.
+    pub fn flush(&mut self) {
+        if self.to_clients.is_empty() {
+            return;
+        }
+        let counters = &mut self.counters;
+        self.to_clients.flush(&mut |metric, outcome| match outcome {
+            Ok(n) => counters.listeners.traffic[metric].tx(n),
+            Err(e) => {
+                let _ = counters.sent(Err(e));
+            }
+        });
+    }
+
+    fn listener_readable(&mut self, batch: &mut RecvBatch, id: ListenerId, n: usize) -> Readiness {
+        let Some((fd, metric, local)) = self
+            .listeners
+            .iter()
+            .find(|l| l.id == id)
+            .and_then(|l| l.sockets.get(n).map(|s| (s.0, l.metric, l.local_addr)))
+        else {
+            return Readiness::Drained;
+        };
+        self.drain(fd, batch, |shard, now, datagram| {
+            shard.client_datagram(now, id, fd, metric, local, datagram)
+        })
+    }
+
+    fn relay_readable(&mut self, batch: &mut RecvBatch, relay: RelayId) -> Readiness {
+        let Some(fd) = self
+            .relays
+            .get(relay.0 as usize)
+            .and_then(|r| r.as_ref())
+            .map(|r| r.fd)
+        else {
+            return Readiness::Drained;
+        };
+        self.drain(fd, batch, |shard, now, datagram| {
+            shard.peer_datagram(now, relay, datagram)
+        })
+    }
+
+    /// Receives up to [`ROUNDS`] batches from `fd`, handing each datagram to `handle`.
+    fn drain(
+        &mut self,
+        fd: RawFd,
+        batch: &mut RecvBatch,
+        mut handle: impl FnMut(&mut Self, Instant, Datagram<'_>),
+    ) -> Readiness {
+        for _ in 0..ROUNDS {
+            let count = match batch.recv(fd) {
+                Ok(count) => count,
+                Err(e) => {
+                    tracing::debug!(target: "stunner", "receive failed: {e}");
+                    return Readiness::Drained;
+                }
+            };
+            let now = Instant::now();
+            for i in 0..count {
+                handle(self, now, batch.get(i));
+            }
+            self.close_relays();
+            if count < BATCH {
+                return Readiness::Drained;
+            }
+        }
+        Readiness::More
+    }
+
+    fn client_datagram(
+        &mut self,
+        now: Instant,
+        id: ListenerId,
+        fd: RawFd,
+        metric: usize,
+        local: SocketAddr,
+        datagram: Datagram<'_>,
+    ) {
+        let Shard {
+            engine,
+            cache,
+            listeners,
+            relays,
+            counters,
+            driver,
+            out,
+            index,
+            ..
+        } = self;
+        counters.listener_rx_packets += 1;
+        counters.listeners.traffic[metric].rx(datagram.len);
+        let Some(from) = datagram.from.map(canonical) else {
+            return;
+        };
+        if datagram.truncated || datagram.len >= MAX_DATAGRAM {
+            counters.oversized += 1;
+            return;
+        }
+        let data = &datagram.buf[PEER_HEADROOM..PEER_HEADROOM + datagram.len];
+        let snap: &Snapshot = cache.load();
+        let Some(listener) = listeners.iter().find(|l| l.id == id) else {
+            return;
+        };
+        let action = engine.handle_client(
+            now,
+            snap,
+            ListenerRef {
+                id,
+                spec: &listener.spec,
+            },
+            from,
+            data,
+            out,
+        );
+        let reply = match action {
+            ClientAction::Drop(_) => None,
+            ClientAction::Reply(n) => Some(n),
+            ClientAction::Relay {
+                relay,
+                peer,
+                payload,
+                cluster,
+            } => {
+                if let Some(slot) = relays.get(relay.0 as usize).and_then(|r| r.as_ref()) {
+                    counters.relayed_to_peer += 1;
+                    let cluster = counters.cluster(snap, cluster);
+                    let outcome = try_send_to(slot.fd, &data[payload], peer);
+                    if let (Some(sent), Some(cluster)) = (counters.sent(outcome), cluster) {
+                        counters.clusters.traffic[cluster].tx(sent);
+                    }
+                }
+                None
+            }
+            ClientAction::AllocateRelay(request) => {
+                let bound = relay_socket(&request).and_then(|(socket, port)| {
+                    let (fd, watch) = driver.watch(socket, Token::Relay(request.relay))?;
+                    Ok((fd, watch, port))
+                });
+                let port = match bound {
+                    Ok((fd, watch, port)) => {
+                        let slot = request.relay.0 as usize;
+                        if relays.len() <= slot {
+                            relays.resize_with(slot + 1, || None);
+                        }
+                        relays[slot] = Some(RelaySlot { fd, _watch: watch });
+                        Ok(port)
+                    }
+                    Err(e) => {
+                        tracing::warn!(target: "stunner", "cannot allocate relay socket: {e}");
+                        Err(())
+                    }
+                };
+                let reply = engine.complete_allocate(now, request.relay, port, out);
+                if let (Some(_), Ok(port)) = (reply, port) {
+                    tracing::debug!(
+                        target: "stunner",
+                        "Allocation created: client={}-{}:UDP, listener={}, relay-address={}:{}, shard={}",
+                        from,
+                        listener.spec.port,
+                        listener.spec.name,
+                        listener.spec.advertised_ip,
+                        port,
+                        index
+                    );
+                }
+                reply
+            }
+        };
+        if let Some(n) = reply {
+            let outcome = try_send_to(fd, &out[..n], for_socket(local, from));
+            if let Some(sent) = counters.sent(outcome) {
+                counters.listeners.traffic[metric].tx(sent);
+            }
+        }
+    }
+
+    fn peer_datagram(&mut self, now: Instant, relay: RelayId, datagram: Datagram<'_>) {
+        let Shard {
+            engine,
+            cache,
+            listeners,
+            counters,
+            out,
+            to_clients,
+            ..
+        } = self;
+        let Some(peer) = datagram.from else {
+            return;
+        };
+        if datagram.truncated || datagram.len >= MAX_DATAGRAM {
+            counters.oversized += 1;
+            return;
+        }
+        let snap: &Snapshot = cache.load();
+        let buf = &mut datagram.buf[..PEER_HEADROOM + datagram.len];
+        let PeerAction::ToClient {
+            listener,
+            client,
+            bytes,
+            cluster,
+            payload_len,
+        } = engine.handle_peer(now, snap, relay, peer, buf, out)
+        else {
+            return;
+        };
+        if let Some(slot) = counters.cluster(snap, cluster) {
+            counters.clusters.traffic[slot].rx(payload_len);
+        }
+        let Some((fd, local, metric)) = listeners
+            .iter()
+            .find(|l| l.id == listener)
+            .and_then(|l| l.sockets.first().map(|s| (s.0, l.local_addr, l.metric)))
+        else {
+            return;
+        };
+        counters.relayed_to_client += 1;
+        let data = match bytes {
+            Bytes::Input(range) => &buf[range],
+            Bytes::Output(n) => &out[..n],
+        };
+        to_clients.push(
+            fd,
+            data,
+            for_socket(local, client),
+            metric,
+            &mut |metric, outcome| match outcome {
+                Ok(n) => counters.listeners.traffic[metric].tx(n),
+                Err(e) => {
+                    let _ = counters.sent(Err(e));
+                }
+            },
+        );
+    }
+
+    fn close_relays(&mut self) {
+        while let Some(relay) = self.engine.poll_close() {
+            if let Some(slot) = self.relays.get_mut(relay.0 as usize) {
+                *slot = None;
+            }
+        }
+    }
+
+    fn publish(&self, stats: &ShardStats) {
+        let engine = self.engine.stats();
+        let dropped: u64 = engine.dropped.iter().sum();
+        stats
+            .allocations
+            .store(self.engine.allocation_count() as u64, Ordering::Relaxed);
+        stats
+            .allocations_created
+            .store(engine.allocations_created, Ordering::Relaxed);
+        stats.dropped.store(dropped, Ordering::Relaxed);
+        stats.malformed.store(
+            engine.dropped[DropReason::Malformed.index()],
+            Ordering::Relaxed,
+        );
+        stats
+            .listener_rx_packets
+            .store(self.counters.listener_rx_packets, Ordering::Relaxed);
+        stats
+            .relayed_to_peer
+            .store(self.counters.relayed_to_peer, Ordering::Relaxed);
+        stats
+            .relayed_to_client
+            .store(self.counters.relayed_to_client, Ordering::Relaxed);
+        let mut report = ShardReport {
+            listeners: self.counters.listeners.clone(),
+            clusters: self.counters.clusters.clone(),
+            dropped: engine.dropped,
+            auth_failed: engine.auth_failures,
+            send_failed: self.counters.send_failed,
+        };
+        report.dropped[DropReason::Malformed.index()] += self.counters.oversized;
+        for open in report.listeners.open.iter_mut() {
+            *open = 0;
+        }
+        for l in &self.listeners {
+            report.listeners.open[l.metric] += l.sockets.len() as u64;
+        }
+        if let Ok(mut published) = stats.report.lock() {
+            *published = report;
+        }
+    }
+
+    /// Opens listeners the snapshot adds and closes those it removes (or changes in a way
+    /// that needs a restart); unchanged listeners and their allocations are left alone.
+    fn reconcile_listeners(&mut self, snap: &Snapshot, setup: &ShardSetup) {
+        let desired: Vec<&ListenerSpec> = snap
+            .listeners
+            .iter()
+            .filter(|l| l.protocol == ListenerProtocol::TurnUdp)
+            .collect();
+        let removed: Vec<(ListenerId, String)> = self
             .listeners
             .iter()
             .filter(|running| !desired.iter().any(|d| **d == running.spec))
             .map(|running| (running.id, running.spec.name.clone()))
             .collect();
         for (id, name) in removed {
-            s.engine.close_listener(id);
-            close_relays(&mut s);
-            s.listeners.retain(|l| l.id != id);
-            tracing::info!(target: "stunner", "listener {name:?} closed on shard {}", s.index);
+            self.engine.close_listener(id);
+            self.close_relays();
+            self.listeners.retain(|l| l.id != id);
+            tracing::info!(target: "stunner", "listener {name:?} closed on shard {}", self.index);
         }
-    }
-    let count = listener_sockets_on_shard(setup.udp_thread_num, setup.shards, setup.index);
-    for spec in desired {
-        if count == 0 || shard.borrow().listeners.iter().any(|l| l.spec == *spec) {
-            continue;
-        }
-        let id = {
-            let mut s = shard.borrow_mut();
-            s.next_listener_id += 1;
-            ListenerId(s.next_listener_id)
-        };
-        let mut sockets = Vec::new();
-        for _ in 0..count {
-            match listener_socket(spec.port) {
-                // SAFETY: the fd comes from a socket we just created and hand over.
-                Ok(socket) => sockets.push(Rc::new(unsafe {
-                    UdpSocket::from_raw_fd(socket.into_raw_fd())
-                })),
-                Err(e) => tracing::error!(
-                    target: "stunner",
-                    "cannot open listener {:?} on UDP port {}: {e}",
-                    spec.name,
-                    spec.port
-                ),
+        let count = listener_sockets_on_shard(setup.udp_thread_num, setup.shards, setup.index);
+        for spec in desired {
+            if count == 0 || self.listeners.iter().any(|l| l.spec == *spec) {
+                continue;
             }
-        }
-        if sockets.is_empty() {
-            continue;
-        }
-        let metric = shard.borrow_mut().counters.listeners.slot(&spec.name);
-        let tasks = sockets
-            .iter()
-            .map(|socket| spawn_local(listener_loop(shard.clone(), id, metric, socket.clone())))
-            .collect();
-        tracing::info!(
-            target: "stunner",
-            "listener {:?} (TURN-UDP, port {}, relay address {}) serving on shard {} with {} socket(s)",
-            spec.name,
-            spec.port,
-            spec.advertised_ip,
-            setup.index,
-            sockets.len()
-        );
-        let Ok(local_addr) = sockets[0].local_addr() else {
-            continue;
-        };
-        let mut s = shard.borrow_mut();
-        s.counters.listeners.opened[metric] += sockets.len() as u64;
-        s.listeners.push(RunningListener {
-            id,
-            metric,
-            spec: spec.clone(),
-            local_addr,
-            sockets,
-            _tasks: tasks,
-        });
-    }
-}
-
-fn close_relays(shard: &mut Shard) {
-    while let Some(relay) = shard.engine.poll_close() {
-        if let Some(slot) = shard.relays.get_mut(relay.0 as usize) {
-            *slot = None;
-        }
-    }
-}
-
-enum Send {
-    Nothing,
-    Reply(usize),
-    Relay(
-        Rc<UdpSocket>,
-        SocketAddr,
-        std::ops::Range<usize>,
-        Option<usize>,
-    ),
-}
-
-async fn listener_loop(shard: ShardRef, id: ListenerId, metric: usize, socket: Rc<UdpSocket>) {
-    let Ok(local) = socket.local_addr() else {
-        return;
-    };
-    let mut buf = vec![0u8; BUFFER];
-    let mut out = vec![0u8; BUFFER];
-    loop {
-        let (len, from) = match socket.recv_from(&mut buf).await {
-            Ok(received) => received,
-            Err(_) => continue,
-        };
-        let from = canonical(from);
-        let send = {
-            let mut guard = shard.borrow_mut();
-            let s = &mut *guard;
-            s.counters.listener_rx_packets += 1;
-            s.counters.listeners.traffic[metric].rx(len);
-            if len >= MAX_DATAGRAM {
-                s.counters.oversized += 1;
-                Send::Nothing
-            } else {
-                handle_client_datagram(s, &shard, id, from, &buf[..len], &mut out)
-            }
-        };
-        match send {
-            Send::Nothing => {}
-            Send::Reply(n) => match send_now(&socket, &out[..n], for_socket(local, from)).await {
-                Ok(sent) => shard.borrow_mut().counters.listeners.traffic[metric].tx(sent),
-                Err(e) => tracing::debug!(target: "stunner", "send failed: {e}"),
-            },
-            Send::Relay(relay, peer, payload, cluster) => {
-                match send_now(&relay, &buf[payload], peer).await {
-                    Ok(sent) => {
-                        if let Some(cluster) = cluster {
-                            shard.borrow_mut().counters.clusters.traffic[cluster].tx(sent);
-                        }
+            self.next_listener_id += 1;
+            let id = ListenerId(self.next_listener_id);
+            let mut sockets = Vec::new();
+            let mut local_addr = None;
+            for n in 0..count {
+                let opened = listener_socket(spec.port).and_then(|socket| {
+                    let local = socket.local_addr()?.as_socket();
+                    let watched = self.driver.watch(socket, Token::Listener(id, n as u16))?;
+                    Ok((local, watched))
+                });
+                match opened {
+                    Ok((local, watched)) => {
+                        local_addr = local_addr.or(local);
+                        sockets.push(watched);
                     }
-                    Err(e) => tracing::debug!(target: "stunner", "send failed: {e}"),
+                    Err(e) => tracing::error!(
+                        target: "stunner",
+                        "cannot open listener {:?} on UDP port {}: {e}",
+                        spec.name,
+                        spec.port
+                    ),
                 }
             }
-        }
-    }
-}
-
-/// Sends with one direct non-blocking syscall, falling back to an io_uring send (which waits
-/// for room) only when the socket buffer is full.
-async fn send_now(socket: &UdpSocket, data: &[u8], to: SocketAddr) -> std::io::Result<usize> {
-    match try_send_to(socket.as_raw_fd(), data, to)? {
-        Some(sent) => Ok(sent),
-        None => socket.send_to(data, to).await.map_err(std::io::Error::from),
-    }
-}
-
-fn handle_client_datagram(
-    s: &mut Shard,
-    shard: &ShardRef,
-    id: ListenerId,
-    from: SocketAddr,
-    data: &[u8],
-    out: &mut [u8],
-) -> Send {
-    let now = Instant::now();
-    let Shard {
-        engine,
-        cache,
-        listeners,
-        relays,
-        counters,
-        index,
-        ..
-    } = s;
-    let snap: &Snapshot = cache.load();
-    let Some(listener) = listeners.iter().find(|l| l.id == id) else {
-        return Send::Nothing;
-    };
-    let action = engine.handle_client(
-        now,
-        snap,
-        ListenerRef {
-            id,
-            spec: &listener.spec,
-        },
-        from,
-        data,
-        out,
-    );
-    let send = match action {
-        ClientAction::Drop(_) => Send::Nothing,
-        ClientAction::Reply(n) => Send::Reply(n),
-        ClientAction::Relay {
-            relay,
-            peer,
-            payload,
-            cluster,
-        } => match relays.get(relay.0 as usize).and_then(|r| r.as_ref()) {
-            Some(slot) => {
-                counters.relayed_to_peer += 1;
-                let cluster = counters.cluster(snap, cluster);
-                Send::Relay(slot.socket.clone(), peer, payload, cluster)
-            }
-            None => Send::Nothing,
-        },
-        ClientAction::AllocateRelay(request) => {
-            let bound = relay_socket(&request).map(|(socket, port)| {
-                // SAFETY: the fd comes from a socket we just created and hand over.
-                (
-                    Rc::new(unsafe { UdpSocket::from_raw_fd(socket.into_raw_fd()) }),
-                    port,
-                )
-            });
-            let port = match bound {
-                Ok((socket, port)) => {
-                    let slot = request.relay.0 as usize;
-                    if relays.len() <= slot {
-                        relays.resize_with(slot + 1, || None);
-                    }
-                    let task =
-                        spawn_local(relay_loop(shard.clone(), request.relay, socket.clone()));
-                    relays[slot] = Some(RelaySlot {
-                        socket,
-                        _task: task,
-                    });
-                    Ok(port)
-                }
-                Err(e) => {
-                    tracing::warn!(target: "stunner", "cannot allocate relay socket: {e}");
-                    Err(())
-                }
+            let Some(local_addr) = local_addr else {
+                continue;
             };
-            let reply = engine.complete_allocate(now, request.relay, port, out);
-            if let (Some(_), Ok(port)) = (reply, port) {
-                tracing::debug!(
-                    target: "stunner",
-                    "Allocation created: client={}-{}:UDP, listener={}, relay-address={}:{}, shard={}",
-                    from,
-                    listener.spec.port,
-                    listener.spec.name,
-                    listener.spec.advertised_ip,
-                    port,
-                    index
-                );
-            }
-            match reply {
-                Some(n) => Send::Reply(n),
-                None => Send::Nothing,
-            }
-        }
-    };
-    close_relays(s);
-    send
-}
-
-async fn relay_loop(shard: ShardRef, relay: RelayId, socket: Rc<UdpSocket>) {
-    let mut buf = vec![0u8; BUFFER];
-    let mut out = vec![0u8; BUFFER];
-    loop {
-        let (len, peer) = match socket.recv_from(&mut buf[PEER_HEADROOM..]).await {
-            Ok(received) => received,
-            Err(_) => continue,
-        };
-        if len >= MAX_DATAGRAM {
-            continue;
-        }
-        let send = {
-            let mut guard = shard.borrow_mut();
-            let s = &mut *guard;
-            let snap: &Snapshot = s.cache.load();
-            match s.engine.handle_peer(
-                Instant::now(),
-                snap,
-                relay,
-                peer,
-                &mut buf[..PEER_HEADROOM + len],
-                &mut out,
-            ) {
-                PeerAction::Drop(_) => None,
-                PeerAction::ToClient {
-                    listener,
-                    client,
-                    bytes,
-                    cluster,
-                    payload_len,
-                } => {
-                    if let Some(slot) = s.counters.cluster(snap, cluster) {
-                        s.counters.clusters.traffic[slot].rx(payload_len);
-                    }
-                    s.listeners
-                        .iter()
-                        .find(|l| l.id == listener)
-                        .and_then(|l| {
-                            l.sockets
-                                .first()
-                                .map(|socket| (socket.clone(), l.local_addr, l.metric))
-                        })
-                        .map(|(socket, local, metric)| {
-                            s.counters.relayed_to_client += 1;
-                            (socket, local, metric, client, bytes)
-                        })
-                }
-            }
-        };
-        let Some((listener_socket, local, metric, client, bytes)) = send else {
-            continue;
-        };
-        let data = match bytes {
-            Bytes::Input(range) => &buf[range],
-            Bytes::Output(n) => &out[..n],
-        };
-        match send_now(&listener_socket, data, for_socket(local, client)).await {
-            Ok(sent) => shard.borrow_mut().counters.listeners.traffic[metric].tx(sent),
-            Err(e) => tracing::debug!(target: "stunner", "send to client failed: {e}"),
+            let metric = self.counters.listeners.slot(&spec.name);
+            tracing::info!(
+                target: "stunner",
+                "listener {:?} (TURN-UDP, port {}, relay address {}) serving on shard {} with {} socket(s)",
+                spec.name,
+                spec.port,
+                spec.advertised_ip,
+                setup.index,
+                sockets.len()
+            );
+            self.counters.listeners.opened[metric] += sockets.len() as u64;
+            self.listeners.push(RunningListener {
+                id,
+                metric,
+                spec: spec.clone(),
+                local_addr,
+                sockets,
+            });
         }
     }
 }

@@ -11,7 +11,9 @@ use uturn_control::cds::CdsTarget;
 use uturn_control::kubernetes::KubeOptions;
 use uturn_control::origin::{load_once, ConfigOrigin};
 use uturn_control::{Control, ControlConfig, Source};
-use uturn_dataplane::io::{usable_cpus, Dataplane, DataplaneConfig};
+use uturn_dataplane::io::{
+    select_engine, usable_cpus, Dataplane, DataplaneConfig, EngineChoice, IoEngine,
+};
 use uturn_shared::config::StunnerConfig;
 use uturn_shared::snapshot::Snapshot;
 
@@ -56,6 +58,14 @@ struct Cli {
     /// (default: wait for the last one, as stunnerd).
     #[arg(long = "drain-timeout", value_name = "SECONDS")]
     drain_timeout: Option<u64>,
+    /// uturn: IO engine: auto (io_uring where it works, else epoll), uring or epoll.
+    #[arg(
+        long = "io-engine",
+        env = "UTURN_IO_ENGINE",
+        default_value = "auto",
+        value_parser = ["auto", "uring", "epoll"]
+    )]
+    io_engine: String,
     /// Same as -l all:DEBUG.
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
@@ -262,10 +272,29 @@ fn main() -> ExitCode {
         .unwrap_or_else(usable_cpus);
     let mut nonce_key = [0u8; 32];
     rand::Rng::fill(&mut rand::thread_rng(), &mut nonce_key[..]);
+    let choice = match cli.io_engine.as_str() {
+        "uring" => EngineChoice::Uring,
+        "epoll" => EngineChoice::Epoll,
+        _ => EngineChoice::Auto,
+    };
+    let engine = match select_engine(choice) {
+        Ok((engine, why)) => {
+            tracing::info!(target: "stunnerd", "io engine: {engine} ({why})");
+            engine
+        }
+        Err(why) => {
+            tracing::error!(target: "stunnerd", "cannot use --io-engine uring: {why}");
+            return ExitCode::from(1);
+        }
+    };
     tracing::info!(
         target: "stunnerd",
-        "dataplane: {} shard(s) on io_uring (glommio), {} UDP socket(s) per TURN-UDP listener",
+        "dataplane: {} shard(s) on {}, {} UDP socket(s) per TURN-UDP listener",
         shards,
+        match engine {
+            IoEngine::Uring => "io_uring (glommio)",
+            IoEngine::Epoll => "epoll",
+        },
         cli.udp_thread_num.max(1)
     );
     let dataplane = match Dataplane::start(DataplaneConfig {
@@ -273,6 +302,7 @@ fn main() -> ExitCode {
         udp_thread_num: cli.udp_thread_num,
         snapshot: snapshot.clone(),
         nonce_key,
+        engine,
     }) {
         Ok(d) => d,
         Err(e) => {

@@ -44,13 +44,28 @@ pub struct Stunnerd {
 impl Stunnerd {
     /// Starts `stunnerd ARGS` with `envs` (one shard unless `envs` sets `UTURN_SHARDS`).
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Stunnerd {
+        Stunnerd::start_under(&[], args, envs)
+    }
+
+    /// As [`Stunnerd::start`], run through `wrapper` (a command that execs the rest, such as
+    /// `prlimit --memlock=…` or `taskset -c 0`).
+    pub fn start_under(wrapper: &[&str], args: &[&str], envs: &[(&str, &str)]) -> Stunnerd {
         let log = std::env::temp_dir().join(format!(
             "uturn-stunnerd-{}-{}.log",
             std::process::id(),
             free_port()
         ));
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_stunnerd"))
+        let binary = env!("CARGO_BIN_EXE_stunnerd");
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        let child = command
             .args(args)
             .env("UTURN_SHARDS", "1")
             .envs(envs.iter().copied())

@@ -1,0 +1,362 @@
+//! Batched datagram syscalls for the shards: `recvmmsg` into preallocated buffers and a send
+//! queue flushed with `sendmmsg`, grouped by socket. Everything is allocated once per shard;
+//! receiving and sending allocate nothing.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+
+/// Datagrams per `recvmmsg`/`sendmmsg` call.
+pub const BATCH: usize = 32;
+/// Room per datagram buffer: more than [`super::shard`]'s oversize limit, so a datagram too
+/// big for a TURN message is seen as such rather than truncated silently.
+const SLOT: usize = 2048;
+
+/// The kernel's form of a socket address, and its length.
+#[derive(Clone, Copy)]
+struct RawName {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+impl RawName {
+    fn empty() -> RawName {
+        RawName {
+            // SAFETY: all-zero is a valid sockaddr_storage.
+            storage: unsafe { std::mem::zeroed() },
+            len: std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
+        }
+    }
+
+    fn from_addr(addr: SocketAddr) -> RawName {
+        let name = socket2::SockAddr::from(addr);
+        let mut raw = RawName::empty();
+        // SAFETY: `name` holds `name.len()` valid bytes, at most a sockaddr_storage.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                name.as_ptr().cast::<u8>(),
+                (&mut raw.storage as *mut libc::sockaddr_storage).cast::<u8>(),
+                name.len() as usize,
+            );
+        }
+        raw.len = name.len();
+        raw
+    }
+
+    fn to_addr(self) -> Option<SocketAddr> {
+        // SAFETY: the kernel wrote a socket address of `len` bytes into `storage`.
+        unsafe { socket2::SockAddr::new(self.storage, self.len) }.as_socket()
+    }
+}
+
+/// [`BATCH`] buffers, addresses and the `mmsghdr`s that point at them.
+struct Slots {
+    bufs: Box<[[u8; SLOT]]>,
+    names: Box<[RawName]>,
+    iovecs: Box<[libc::iovec]>,
+    headers: Box<[libc::mmsghdr]>,
+}
+
+impl Slots {
+    /// Each header's one iovec starts `offset` bytes into its buffer and is `len` long.
+    fn new(offset: usize, len: usize) -> Slots {
+        let mut bufs = vec![[0u8; SLOT]; BATCH].into_boxed_slice();
+        let mut names = vec![RawName::empty(); BATCH].into_boxed_slice();
+        let mut iovecs: Box<[libc::iovec]> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b[offset..].as_mut_ptr().cast(),
+                iov_len: len,
+            })
+            .collect();
+        let headers = iovecs
+            .iter_mut()
+            .zip(names.iter_mut())
+            .map(|(iov, name)| {
+                // SAFETY: all-zero is a valid mmsghdr; the pointers set below point into boxed
+                // slices that never move for the life of the batch.
+                let mut header: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                header.msg_hdr.msg_iov = iov;
+                header.msg_hdr.msg_iovlen = 1;
+                header.msg_hdr.msg_name = (&mut name.storage as *mut libc::sockaddr_storage).cast();
+                header
+            })
+            .collect();
+        Slots {
+            bufs,
+            names,
+            iovecs,
+            headers,
+        }
+    }
+}
+
+/// Up to [`BATCH`] received datagrams. Each lands `headroom` bytes into its buffer, so a
+/// ChannelData header can be framed in front of it in place.
+pub struct RecvBatch {
+    bufs: Box<[[u8; SLOT]]>,
+    names: Box<[RawName]>,
+    iovecs: Box<[libc::iovec]>,
+    headers: Box<[libc::mmsghdr]>,
+    headroom: usize,
+    count: usize,
+}
+
+/// One received datagram: its buffer (headroom included), length and source.
+pub struct Datagram<'a> {
+    /// The whole buffer; the datagram is `buf[headroom..headroom + len]`.
+    pub buf: &'a mut [u8],
+    /// Bytes received (the kernel's length: may exceed the buffer when truncated).
+    pub len: usize,
+    /// Set when the datagram did not fit.
+    pub truncated: bool,
+    /// Where it came from (`None` for an address family we do not handle).
+    pub from: Option<SocketAddr>,
+}
+
+impl RecvBatch {
+    /// Buffers for [`BATCH`] datagrams, each received after `headroom` bytes.
+    pub fn new(headroom: usize) -> RecvBatch {
+        let Slots {
+            bufs,
+            names,
+            iovecs,
+            headers,
+        } = Slots::new(headroom, SLOT - headroom);
+        RecvBatch {
+            bufs,
+            names,
+            iovecs,
+            headers,
+            headroom,
+            count: 0,
+        }
+    }
+
+    /// The bytes in front of every datagram.
+    pub fn headroom(&self) -> usize {
+        self.headroom
+    }
+
+    /// One non-blocking `recvmmsg` on `fd`: how many datagrams arrived (0 when none were
+    /// waiting).
+    pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        self.count = 0;
+        for (header, iov) in self.headers.iter_mut().zip(self.iovecs.iter()) {
+            header.msg_hdr.msg_namelen =
+                std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            header.msg_hdr.msg_flags = 0;
+            header.msg_len = 0;
+            debug_assert_eq!(iov.iov_len, SLOT - self.headroom);
+        }
+        // SAFETY: every header points at live buffers of the lengths it states.
+        let n = unsafe {
+            libc::recvmmsg(
+                fd,
+                self.headers.as_mut_ptr(),
+                BATCH as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            let error = io::Error::last_os_error();
+            return match error.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(error),
+            };
+        }
+        self.count = n as usize;
+        Ok(self.count)
+    }
+
+    /// Datagram `i` of the last [`RecvBatch::recv`].
+    pub fn get(&mut self, i: usize) -> Datagram<'_> {
+        debug_assert!(i < self.count);
+        let header = &self.headers[i];
+        let mut name = self.names[i];
+        name.len = header.msg_hdr.msg_namelen;
+        Datagram {
+            len: header.msg_len as usize,
+            truncated: header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+            from: name.to_addr(),
+            buf: &mut self.bufs[i][..],
+        }
+    }
+}
+
+struct Queued {
+    fd: RawFd,
+    len: usize,
+    /// Caller's tag, handed back with the outcome (a counter slot).
+    tag: usize,
+}
+
+/// Datagrams waiting for one `sendmmsg` per run of the same socket.
+pub struct SendQueue {
+    bufs: Box<[[u8; SLOT]]>,
+    names: Box<[RawName]>,
+    iovecs: Box<[libc::iovec]>,
+    headers: Box<[libc::mmsghdr]>,
+    queued: Vec<Queued>,
+}
+
+impl Default for SendQueue {
+    fn default() -> Self {
+        SendQueue::new()
+    }
+}
+
+impl SendQueue {
+    /// An empty queue with room for [`BATCH`] datagrams.
+    pub fn new() -> SendQueue {
+        let Slots {
+            bufs,
+            names,
+            iovecs,
+            headers,
+        } = Slots::new(0, 0);
+        SendQueue {
+            bufs,
+            names,
+            iovecs,
+            headers,
+            queued: Vec::with_capacity(BATCH),
+        }
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.queued.is_empty()
+    }
+
+    /// Queues a copy of `data` for `to` on `fd`. When the queue is full it is flushed first,
+    /// reporting each outcome to `done` as in [`SendQueue::flush`].
+    pub fn push(
+        &mut self,
+        fd: RawFd,
+        data: &[u8],
+        to: SocketAddr,
+        tag: usize,
+        done: &mut impl FnMut(usize, io::Result<usize>),
+    ) {
+        if self.queued.len() == BATCH {
+            self.flush(done);
+        }
+        let i = self.queued.len();
+        let len = data.len().min(SLOT);
+        self.bufs[i][..len].copy_from_slice(&data[..len]);
+        self.names[i] = RawName::from_addr(to);
+        self.iovecs[i].iov_len = len;
+        self.headers[i].msg_hdr.msg_namelen = self.names[i].len;
+        self.queued.push(Queued { fd, len, tag });
+    }
+
+    /// Sends everything queued, one `sendmmsg` per run of datagrams on the same socket, and
+    /// calls `done(tag, outcome)` once per datagram. A datagram the kernel refuses (a full
+    /// socket buffer included) is not retried: UDP media is better late-dropped than queued
+    /// behind a stalled socket.
+    pub fn flush(&mut self, done: &mut impl FnMut(usize, io::Result<usize>)) {
+        let total = self.queued.len();
+        let mut start = 0;
+        while start < total {
+            let fd = self.queued[start].fd;
+            let end = start
+                + self.queued[start..]
+                    .iter()
+                    .take_while(|q| q.fd == fd)
+                    .count();
+            // SAFETY: headers start..end point at live buffers and names set by `push`.
+            let sent = unsafe {
+                libc::sendmmsg(
+                    fd,
+                    self.headers[start..end].as_mut_ptr(),
+                    (end - start) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if sent < 0 {
+                // The first datagram of the run failed: report it and go on with the next.
+                let error = io::Error::last_os_error();
+                done(self.queued[start].tag, Err(error));
+                start += 1;
+                continue;
+            }
+            let sent = sent as usize;
+            for q in &self.queued[start..start + sent] {
+                done(q.tag, Ok(q.len));
+            }
+            if sent == 0 {
+                done(
+                    self.queued[start].tag,
+                    Err(io::ErrorKind::WouldBlock.into()),
+                );
+                start += 1;
+            }
+            start += sent;
+        }
+        self.queued.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::UdpSocket;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn receives_a_burst_in_one_call_and_sends_it_back_in_one() {
+        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        for i in 0..40u8 {
+            client
+                .send_to(&[i; 10], server.local_addr().unwrap())
+                .unwrap();
+        }
+        let mut batch = RecvBatch::new(4);
+        assert_eq!(batch.recv(server.as_raw_fd()).unwrap(), BATCH);
+        let mut queue = SendQueue::new();
+        let mut outcomes = Vec::new();
+        for i in 0..BATCH {
+            let d = batch.get(i);
+            assert_eq!(d.len, 10);
+            assert!(!d.truncated);
+            assert_eq!(d.from, Some(client.local_addr().unwrap()));
+            assert_eq!(&d.buf[4..14], &[i as u8; 10]);
+            let data = d.buf[4..14].to_vec();
+            queue.push(
+                server.as_raw_fd(),
+                &data,
+                client.local_addr().unwrap(),
+                i,
+                &mut |tag, r| outcomes.push((tag, r.unwrap())),
+            );
+        }
+        assert_eq!(batch.recv(server.as_raw_fd()).unwrap(), 8);
+        assert_eq!(batch.recv(server.as_raw_fd()).unwrap(), 0);
+        queue.flush(&mut |tag, r| outcomes.push((tag, r.unwrap())));
+        assert_eq!(outcomes, (0..BATCH).map(|i| (i, 10)).collect::<Vec<_>>());
+        let mut buf = [0u8; 64];
+        for i in 0..BATCH as u8 {
+            let (n, _) = client.recv_from(&mut buf).unwrap();
+            assert_eq!(&buf[..n], &[i; 10]);
+        }
+    }
+
+    #[test]
+    fn flags_a_datagram_larger_than_its_buffer() {
+        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .send_to(&[7u8; 3000], server.local_addr().unwrap())
+            .unwrap();
+        let mut batch = RecvBatch::new(0);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(batch.recv(server.as_raw_fd()).unwrap(), 1);
+        assert!(batch.get(0).truncated);
+    }
+}
