@@ -8,10 +8,13 @@
 #   REPS=1 SIZES=100 ALLOCS=64 THREADS=1 DURATION=2 perf/compare.sh   # a quick look
 #
 # Environment: REPS (3), DURATION seconds per run (3), SIZES ("100 1200"), ALLOCS ("64 1000"),
-# THREADS ("1 2"), SERVERS ("uturn coturn pion plain"), RATE per allocation (0 = as fast as
-# possible), FIND_MAX=1 (search each cell's highest rate with loss under MAX_LOSS percent, 1;
-# slower), OUT (target/compare). Every loop is bounded by these counts; every server is
-# started and stopped by this script, by PID.
+# THREADS ("1 2"), SERVERS ("uturn uturn-epoll coturn pion plain": uturn is the io_uring
+# engine), RATE per allocation (0 = as fast as possible), FIND_MAX=1 (search each cell's
+# highest rate with loss under MAX_LOSS percent, 1; slower), PIN (1: in 1-thread cells the
+# server runs on CPU 1 and turnperf on CPU 0, so they do not take turns on one core),
+# LATENCY=1 (after the matrix: per cell, find coturn's highest rate, then run every server at
+# half of it and compare p99), OUT (target/compare). Every loop is bounded by these counts;
+# every server is started and stopped by this script, by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${REPS:-3}
@@ -19,10 +22,12 @@ DURATION=${DURATION:-3}
 SIZES=${SIZES:-"100 1200"}
 ALLOCS=${ALLOCS:-"64 1000"}
 THREADS=${THREADS:-"1 2"}
-SERVERS=${SERVERS:-"uturn coturn pion plain"}
+SERVERS=${SERVERS:-"uturn uturn-epoll coturn pion plain"}
 RATE=${RATE:-0}
 FIND_MAX=${FIND_MAX:-0}
 MAX_LOSS=${MAX_LOSS:-1}
+PIN=${PIN:-1}
+LATENCY=${LATENCY:-0}
 OUT=${OUT:-target/compare}
 mkdir -p "$OUT"
 results="$OUT/results.jsonl"
@@ -54,12 +59,23 @@ stop_server() {
 }
 trap stop_server EXIT
 
+# pin THREADS: the taskset prefixes for the server and for turnperf in this cell.
+pin() {
+  server_cpu=() client_cpu=()
+  if [ "$PIN" = 1 ] && [ "$1" = 1 ] && [ "$(nproc)" -ge 2 ]; then
+    server_cpu=(taskset -c 1) client_cpu=(taskset -c 0)
+  fi
+}
+
 # start_server NAME THREADS PORT: starts it in the background, sets server_pid (and
 # plain_relay for udprelay).
 start_server() {
   local name=$1 threads=$2 port=$3
+  pin "$threads"
   case $name in
-    uturn)
+    uturn|uturn-epoll)
+      engine=uring
+      [ "$name" = uturn-epoll ] && engine=epoll
       cat > "$OUT/uturn.yaml" <<EOF
 version: v1
 admin: {name: perf/uturn, loglevel: "all:WARN", healthcheck_endpoint: ""}
@@ -67,21 +83,21 @@ auth: {type: static, realm: perf, credentials: {username: user1, password: pass1
 listeners: [{name: udp, address: 127.0.0.1, port: $port, routes: [peers]}]
 clusters: [{name: peers, endpoints: [127.0.0.1]}]
 EOF
-      UTURN_SHARDS=$threads target/release/stunnerd -u "$threads" -c "file://$PWD/$OUT/uturn.yaml" \
-        > "$OUT/server.log" 2>&1 &
+      UTURN_SHARDS=$threads "${server_cpu[@]}" target/release/stunnerd -u "$threads" \
+        --io-engine "$engine" -c "file://$PWD/$OUT/uturn.yaml" > "$OUT/server.log" 2>&1 &
       ;;
     coturn)
-      turnserver -n --listening-ip=127.0.0.1 --listening-port="$port" --relay-ip=127.0.0.1 \
+      "${server_cpu[@]}" turnserver -n --listening-ip=127.0.0.1 --listening-port="$port" --relay-ip=127.0.0.1 \
         --user=user1:pass1 --realm=perf --lt-cred-mech --no-tls --no-dtls --no-cli \
         --allow-loopback-peers --relay-threads="$threads" --log-file=stdout --simple-log \
         --no-stdout-log > "$OUT/server.log" 2>&1 &
       ;;
     pion)
-      GOMAXPROCS=$threads target/release/pionturn -listen "127.0.0.1:$port" -threads "$threads" \
+      GOMAXPROCS=$threads "${server_cpu[@]}" target/release/pionturn -listen "127.0.0.1:$port" -threads "$threads" \
         -realm perf > "$OUT/server.log" 2>&1 &
       ;;
     plain)
-      target/release/udprelay "127.0.0.1:$port" > "$OUT/server.log" 2>&1 &
+      "${server_cpu[@]}" target/release/udprelay "127.0.0.1:$port" > "$OUT/server.log" 2>&1 &
       ;;
   esac
   server_pid=$!
@@ -91,6 +107,27 @@ EOF
   fi
 }
 
+# measure NAME THREADS SIZE ALLOCS RATE FILE JSON [turnperf options]: one turnperf run against
+# a fresh server; appends {"server", "threads" JSON, "result"} to FILE.
+measure() {
+  local name=$1 threads=$2 size=$3 allocs=$4 rate=$5 file=$6 extra=$7
+  shift 7
+  local port report
+  port=$(free_port)
+  start_server "$name" "$threads" "$port"
+  local mode=(--mode channel)
+  [ "$name" = plain ] && mode=(--mode plain --plain-relay "$plain_relay")
+  if report=$("${client_cpu[@]}" target/release/turnperf "127.0.0.1:$port" -n "$allocs" -s "$size" \
+      -r "$rate" -d "$DURATION" --server-pid "$server_pid" "${mode[@]}" "$@" --json -q); then
+    echo "{\"server\":\"$name\",\"threads\":$threads$extra,\"result\":$report}" >> "$file"
+  else
+    echo "  run failed; see $OUT/server.log" >&2
+  fi
+  stop_server
+}
+
+find=()
+[ "$FIND_MAX" = 1 ] && find=(--find-max --max-loss "$MAX_LOSS")
 run=0
 total=$(( REPS * $(wc -w <<<"$THREADS") * $(wc -w <<<"$SIZES") * $(wc -w <<<"$ALLOCS") * $(wc -w <<<"$SERVERS") ))
 for rep in $(seq 1 "$REPS"); do
@@ -99,56 +136,106 @@ for rep in $(seq 1 "$REPS"); do
       for allocs in $ALLOCS; do
         for name in $SERVERS; do
           run=$((run + 1))
-          port=$(free_port)
-          start_server "$name" "$threads" "$port"
-          mode=(--mode channel)
-          [ "$name" = plain ] && mode=(--mode plain --plain-relay "$plain_relay")
-          [ "$FIND_MAX" = 1 ] && mode+=(--find-max --max-loss "$MAX_LOSS")
           echo "[$run/$total] $name threads=$threads size=$size allocations=$allocs rep=$rep" >&2
-          if report=$(target/release/turnperf "127.0.0.1:$port" -n "$allocs" -s "$size" -r "$RATE" \
-              -d "$DURATION" --server-pid "$server_pid" "${mode[@]}" --json -q); then
-            echo "{\"server\":\"$name\",\"threads\":$threads,\"rep\":$rep,\"result\":$report}" >> "$results"
-          else
-            echo "  run failed; see $OUT/server.log" >&2
-          fi
-          stop_server
+          measure "$name" "$threads" "$size" "$allocs" "$RATE" "$results" ",\"rep\":$rep" "${find[@]}"
         done
       done
     done
   done
 done
 
-python3 - "$results" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-cells = {}
-for r in rows:
-    res = r["result"]
-    key = (r["threads"], res["size"], res["allocations"])
-    up = res["report"]["up"]
-    cells.setdefault(key, {}).setdefault(r["server"], []).append(
-        (up["pps"], up["loss_pct"], up["p99_us"], res["report"].get("server_cpu_us_per_packet")))
+if [ "$LATENCY" = 1 ]; then
+  # Per cell: coturn's highest rate with loss under MAX_LOSS, then every server at half of it.
+  latency="$OUT/latency.jsonl"
+  : > "$latency"
+  for threads in $THREADS; do
+    for size in $SIZES; do
+      for allocs in $ALLOCS; do
+        port=$(free_port)
+        start_server coturn "$threads" "$port"
+        echo "[latency] coturn's highest rate: threads=$threads size=$size allocations=$allocs" >&2
+        max=$("${client_cpu[@]}" target/release/turnperf "127.0.0.1:$port" -n "$allocs" -s "$size" \
+          -d "$DURATION" --find-max --max-loss "$MAX_LOSS" --json -q \
+          | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["report"]["up"]["pps"]))')
+        stop_server
+        per_alloc=$(( max / 2 / allocs ))
+        [ "$per_alloc" -lt 1 ] && per_alloc=1
+        for rep in $(seq 1 "$REPS"); do
+          for name in $SERVERS; do
+            echo "[latency] $name at $((per_alloc * allocs)) pkt/s (coturn max $max) rep=$rep" >&2
+            measure "$name" "$threads" "$size" "$allocs" "$per_alloc" "$latency" \
+              ",\"rep\":$rep,\"coturn_max\":$max"
+          done
+        done
+      done
+    done
+  done
+fi
+
+python3 - "$results" "${latency:-}" <<'PY'
+import json, os, statistics, sys
+SERVERS = ["uturn", "uturn-epoll", "coturn", "pion", "plain"]
 def med(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
-print("| threads | payload | allocations | server | delivered pkt/s | loss % | p99 µs | server CPU µs/pkt | runs |")
-print("|---|---|---|---|---|---|---|---|---|")
+def fmt(v, spec):
+    return format(v, spec) if v is not None else "-"
+def cells_of(path):
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    cells = {}
+    for r in rows:
+        res = r["result"]
+        key = (r["threads"], res["size"], res["allocations"])
+        up = res["report"]["up"]
+        cells.setdefault(key, {}).setdefault(r["server"], []).append({
+            "pps": up["pps"], "loss": up["loss_pct"], "p99": up["p99_us"],
+            "cpu": res["report"].get("server_cpu_us_per_packet"),
+            "setup": res.get("setup_rate"),
+            "rss": res.get("server_rss_bytes_per_allocation"),
+            "coturn_max": r.get("coturn_max"),
+            "offered": res["report"].get("offered_pps"),
+        })
+    return cells
+def medians(runs):
+    return {k: med([r[k] for r in runs]) for k in runs[0]} | {"n": len(runs)}
+
+cells = cells_of(sys.argv[1])
+print("| threads | payload | allocations | server | delivered pkt/s | loss % | p99 µs | server CPU µs/pkt | setups/s | RSS B/allocation | runs |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 ratios = []
 for key in sorted(cells):
-    servers = cells[key]
-    m = {s: [med([v[i] for v in runs]) for i in range(4)] + [len(runs)] for s, runs in servers.items()}
-    for s in ["uturn", "coturn", "pion", "plain"]:
+    m = {s: medians(runs) for s, runs in cells[key].items()}
+    for s in SERVERS:
         if s in m:
-            pps, loss, p99, cpu, n = m[s]
-            cpu_s = f"{cpu:.2f}" if cpu is not None else "-"
-            print(f"| {key[0]} | {key[1]} B | {key[2]} | {s} | {pps:,.0f} | {loss:.1f} | {p99:,.0f} | {cpu_s} | {n} |")
-    u = m.get("uturn", [None])[0]
-    def ratio(s):
-        o = m.get(s, [None])[0]
-        return f"{u / o:.2f}" if u and o else "-"
-    ratios.append(f"| {key[0]} | {key[1]} B | {key[2]} | {ratio('coturn')} | {ratio('pion')} | {ratio('plain')} |")
+            v = m[s]
+            print(f"| {key[0]} | {key[1]} B | {key[2]} | {s} | {fmt(v['pps'], ',.0f')} | {fmt(v['loss'], '.1f')} | "
+                  f"{fmt(v['p99'], ',.0f')} | {fmt(v['cpu'], '.2f')} | {fmt(v['setup'], ',.0f')} | {fmt(v['rss'], ',.0f')} | {v['n']} |")
+    def ratio(a, b, k="pps"):
+        x, y = m.get(a, {}).get(k), m.get(b, {}).get(k)
+        return f"{x / y:.2f}" if x and y else "-"
+    for u in ["uturn", "uturn-epoll"]:
+        if u in m:
+            ratios.append(f"| {key[0]} | {key[1]} B | {key[2]} | {u} | {ratio(u, 'coturn')} | {ratio(u, 'pion')} | "
+                          f"{ratio(u, 'plain')} | {ratio(u, 'plain', 'cpu')} | {ratio(u, 'coturn', 'setup')} | {ratio(u, 'coturn', 'rss')} |")
 print()
-print("| threads | payload | allocations | uturn/coturn | uturn/pion | uturn/plain |")
-print("|---|---|---|---|---|---|")
+print("| threads | payload | allocations | engine | pkt/s vs coturn | pkt/s vs pion | pkt/s vs plain | CPU/pkt vs plain | setups/s vs coturn | RSS/allocation vs coturn |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 print("\n".join(ratios))
+
+if len(sys.argv) > 2 and sys.argv[2] and os.path.exists(sys.argv[2]):
+    cells = cells_of(sys.argv[2])
+    print()
+    print("p99 one-way latency at half of coturn's highest rate (loss-bounded):")
+    print()
+    print("| threads | payload | allocations | coturn max pkt/s | offered pkt/s | server | delivered pkt/s | loss % | p99 µs | p99 vs coturn |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for key in sorted(cells):
+        m = {s: medians(runs) for s, runs in cells[key].items()}
+        base = m.get("coturn", {}).get("p99")
+        for s in SERVERS:
+            if s in m:
+                v = m[s]
+                rel = f"{v['p99'] / base:.2f}" if base and v["p99"] else "-"
+                print(f"| {key[0]} | {key[1]} B | {key[2]} | {fmt(v['coturn_max'], ',.0f')} | {fmt(v['offered'], ',.0f')} | {s} | {fmt(v['pps'], ',.0f')} | "
+                      f"{fmt(v['loss'], '.2f')} | {fmt(v['p99'], ',.0f')} | {rel} |")
 PY

@@ -51,6 +51,7 @@ impl BenchClient {
             "[::1]:0"
         };
         let socket = UdpSocket::bind(local)?;
+        roomy(&socket);
         socket.connect(server)?;
         socket.set_read_timeout(Some(Duration::from_secs(2)))?;
         let mut client = BenchClient {
@@ -197,6 +198,25 @@ pub fn build_request(
             .map_err(|e| bad(&e))?;
     }
     Ok(msg.finish())
+}
+
+/// Asks for 4 MiB socket buffers (as the servers under test do), so a burst the load
+/// generator is too busy to read at once is not lost in its own socket.
+pub fn roomy(socket: &UdpSocket) {
+    use std::os::fd::AsRawFd;
+    let size: libc::c_int = 4 << 20;
+    for option in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
+        // SAFETY: a valid fd and a c_int option value of the right size.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
 }
 
 /// Adds REQUESTED-TRANSPORT UDP (an Allocate's one required attribute).

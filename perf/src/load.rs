@@ -5,7 +5,7 @@
 //! Payload layout (at least [`HEADER`] bytes): `UTPF`, allocation index (u32), sequence (u64),
 //! send time in ns since the run's epoch (u64), then zero padding.
 
-use crate::client::{channel_data_header, BenchClient};
+use crate::client::{channel_data_header, roomy, BenchClient};
 use crate::histogram::Histogram;
 use serde::Serialize;
 use std::io;
@@ -129,6 +129,7 @@ pub fn setup(config: &LoadConfig) -> io::Result<Setup> {
         )));
     }
     let peer = UdpSocket::bind((config.peer_ip, 0))?;
+    roomy(&peer);
     let peer_addr = peer.local_addr()?;
     let started = Instant::now();
     let mut clients = Vec::with_capacity(config.allocations);
@@ -139,6 +140,7 @@ pub fn setup(config: &LoadConfig) -> io::Result<Setup> {
         peer.send_to(b"UTPF-PEER", relay)?;
         for i in 0..config.allocations {
             let socket = UdpSocket::bind((config.server.ip(), 0))?;
+            roomy(&socket);
             socket.connect(config.server)?;
             socket.send(format!("UTPF-CLIENT {i}").as_bytes())?;
             clients.push(BenchClient::plain(socket, relay));
@@ -259,6 +261,19 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Some((utime + stime) / ticks.max(1.0))
+}
+
+/// The server's resident memory (VmRSS), KiB, from /proc.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Sends `count` messages from `bufs` on a connected socket in one `sendmmsg`; how many went.

@@ -144,6 +144,23 @@ impl Counters {
         self.cluster_slots.get(id).copied()
     }
 
+    /// Counts a datagram sent (or not) to a client through listener counter slot `metric`.
+    fn sent_to_client(&mut self, metric: usize, outcome: io::Result<usize>) {
+        if let Some(n) = self.sent(outcome.map(Some)) {
+            self.listeners.traffic[metric].tx(n);
+        }
+    }
+
+    /// Counts a datagram relayed (or not) to a peer of cluster counter slot `cluster`.
+    fn sent_to_peer(&mut self, cluster: usize, outcome: io::Result<usize>) {
+        if let (Some(n), Some(traffic)) = (
+            self.sent(outcome.map(Some)),
+            self.clusters.traffic.get_mut(cluster),
+        ) {
+            traffic.tx(n);
+        }
+    }
+
     /// Counts the outcome of one send.
     fn sent(&mut self, outcome: io::Result<Option<usize>>) -> Option<usize> {
         match outcome {
@@ -174,8 +191,15 @@ pub(super) struct Shard<D: Driver> {
     /// Taken while a batch is handled (so the shard can be borrowed alongside it).
     batch: Option<Box<RecvBatch>>,
     out: Box<[u8]>,
+    /// Relayed client datagrams, tagged with their cluster's counter slot (or [`NO_SLOT`]):
+    /// a run of datagrams for one relay socket (a video frame, say) leaves in one `sendmmsg`.
+    to_peers: SendQueue,
+    /// Datagrams for clients, tagged with their listener's counter slot.
     to_clients: SendQueue,
 }
+
+/// The tag of a relayed datagram whose cluster has no counter slot.
+const NO_SLOT: usize = usize::MAX;
 
 impl<D: Driver> Shard<D> {
     pub fn new(setup: &ShardSetup, driver: D) -> Shard<D> {
@@ -191,6 +215,7 @@ impl<D: Driver> Shard<D> {
             driver,
             batch: Some(Box::new(RecvBatch::new(PEER_HEADROOM))),
             out: vec![0u8; BUFFER].into_boxed_slice(),
+            to_peers: SendQueue::new(),
             to_clients: SendQueue::new(),
         }
     }
@@ -231,18 +256,24 @@ impl<D: Driver> Shard<D> {
         readiness
     }
 
-    /// Sends the datagrams queued for clients.
+    /// Sends every queued datagram.
     pub fn flush(&mut self) {
+        self.flush_peers();
         if self.to_clients.is_empty() {
             return;
         }
         let counters = &mut self.counters;
-        self.to_clients.flush(&mut |metric, outcome| match outcome {
-            Ok(n) => counters.listeners.traffic[metric].tx(n),
-            Err(e) => {
-                let _ = counters.sent(Err(e));
-            }
-        });
+        self.to_clients
+            .flush(&mut |metric, outcome| counters.sent_to_client(metric, outcome));
+    }
+
+    fn flush_peers(&mut self) {
+        if self.to_peers.is_empty() {
+            return;
+        }
+        let counters = &mut self.counters;
+        self.to_peers
+            .flush(&mut |cluster, outcome| counters.sent_to_peer(cluster, outcome));
     }
 
     fn listener_readable(&mut self, batch: &mut RecvBatch, id: ListenerId, n: usize) -> Readiness {
@@ -292,6 +323,7 @@ impl<D: Driver> Shard<D> {
             for i in 0..count {
                 handle(self, now, batch.get(i));
             }
+            self.flush_peers();
             self.close_relays();
             if count < BATCH {
                 return Readiness::Drained;
@@ -318,6 +350,7 @@ impl<D: Driver> Shard<D> {
             driver,
             out,
             index,
+            to_peers,
             ..
         } = self;
         counters.listener_rx_packets += 1;
@@ -356,11 +389,14 @@ impl<D: Driver> Shard<D> {
             } => {
                 if let Some(slot) = relays.get(relay.0 as usize).and_then(|r| r.as_ref()) {
                     counters.relayed_to_peer += 1;
-                    let cluster = counters.cluster(snap, cluster);
-                    let outcome = try_send_to(slot.fd, &data[payload], peer);
-                    if let (Some(sent), Some(cluster)) = (counters.sent(outcome), cluster) {
-                        counters.clusters.traffic[cluster].tx(sent);
-                    }
+                    let cluster = counters.cluster(snap, cluster).unwrap_or(NO_SLOT);
+                    to_peers.push(
+                        slot.fd,
+                        &data[payload],
+                        peer,
+                        cluster,
+                        &mut |cluster, outcome| counters.sent_to_peer(cluster, outcome),
+                    );
                 }
                 None
             }
@@ -456,12 +492,7 @@ impl<D: Driver> Shard<D> {
             data,
             for_socket(local, client),
             metric,
-            &mut |metric, outcome| match outcome {
-                Ok(n) => counters.listeners.traffic[metric].tx(n),
-                Err(e) => {
-                    let _ = counters.sent(Err(e));
-                }
-            },
+            &mut |metric, outcome| counters.sent_to_client(metric, outcome),
         );
     }
 

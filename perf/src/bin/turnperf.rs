@@ -7,7 +7,7 @@ use clap::Parser;
 use std::net::{IpAddr, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
-use uturn_perf::load::{setup, Auth, Direction, LoadConfig, Mode, Report};
+use uturn_perf::load::{rss_kib, setup, Auth, Direction, LoadConfig, Mode, Report};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -103,6 +103,7 @@ fn main() -> ExitCode {
         mode: cli.mode,
         plain_relay: cli.plain_relay,
     };
+    let rss_before = cli.server_pid.and_then(rss_kib);
     let setup = match setup(&config) {
         Ok(s) => s,
         Err(e) => {
@@ -118,6 +119,15 @@ fn main() -> ExitCode {
             setup.peer_addr()
         );
     }
+    // Resident memory the idle allocations cost the server (sampled before any load).
+    std::thread::sleep(Duration::from_millis(300));
+    let rss_after = cli.server_pid.and_then(rss_kib);
+    let rss_per_allocation = match (rss_before, rss_after) {
+        (Some(before), Some(after)) => {
+            Some((after as f64 - before as f64) * 1024.0 / cli.allocations.max(1) as f64)
+        }
+        _ => None,
+    };
     let duration = Duration::from_secs_f64(cli.duration.max(0.1));
     let report = if cli.find_max {
         find_max(&setup, &cli, duration)
@@ -133,11 +143,20 @@ fn main() -> ExitCode {
             "mode": cli.mode,
             "direction": cli.direction,
             "setup_rate": setup.setup_rate,
+            "server_rss_before_kib": rss_before,
+            "server_rss_after_setup_kib": rss_after,
+            "server_rss_bytes_per_allocation": rss_per_allocation,
             "report": report,
         });
         println!("{doc}");
     } else {
         print_table(&cli, setup.setup_rate, &report);
+        if let (Some(before), Some(after), Some(per)) = (rss_before, rss_after, rss_per_allocation)
+        {
+            println!(
+                "server memory: {before} KiB before setup, {after} KiB with the allocations idle: {per:.0} bytes per allocation"
+            );
+        }
     }
     ExitCode::SUCCESS
 }
