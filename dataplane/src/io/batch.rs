@@ -43,6 +43,27 @@ impl RawName {
         raw
     }
 
+    /// Whether both name the same address.
+    fn same(&self, other: &RawName) -> bool {
+        let len = self.len as usize;
+        len == other.len as usize && {
+            // SAFETY: both storages hold at least `len` initialised bytes.
+            let a = unsafe {
+                std::slice::from_raw_parts(
+                    (&self.storage as *const libc::sockaddr_storage).cast::<u8>(),
+                    len,
+                )
+            };
+            let b = unsafe {
+                std::slice::from_raw_parts(
+                    (&other.storage as *const libc::sockaddr_storage).cast::<u8>(),
+                    len,
+                )
+            };
+            a == b
+        }
+    }
+
     fn to_addr(self) -> Option<SocketAddr> {
         // SAFETY: the kernel wrote a socket address of `len` bytes into `storage`.
         unsafe { socket2::SockAddr::new(self.storage, self.len) }.as_socket()
@@ -199,6 +220,12 @@ pub struct SendQueue {
     iovecs: Box<[libc::iovec]>,
     headers: Box<[libc::mmsghdr]>,
     queued: Vec<Queued>,
+    /// One control buffer (a `UDP_SEGMENT` cmsg) per message.
+    controls: Box<[[u64; 4]]>,
+    /// The queued datagrams `start..end` each message of a flush carries.
+    groups: Vec<(usize, usize)>,
+    /// Whether GSO is used (until the kernel refuses it once).
+    gso: bool,
 }
 
 impl Default for SendQueue {
@@ -222,6 +249,9 @@ impl SendQueue {
             iovecs,
             headers,
             queued: Vec::with_capacity(BATCH),
+            controls: vec![[0u64; 4]; BATCH].into_boxed_slice(),
+            groups: Vec::with_capacity(BATCH),
+            gso: true,
         }
     }
 
@@ -248,14 +278,16 @@ impl SendQueue {
         self.bufs[i][..len].copy_from_slice(&data[..len]);
         self.names[i] = RawName::from_addr(to);
         self.iovecs[i].iov_len = len;
-        self.headers[i].msg_hdr.msg_namelen = self.names[i].len;
         self.queued.push(Queued { fd, len, tag });
     }
 
     /// Sends everything queued, one `sendmmsg` per run of datagrams on the same socket, and
-    /// calls `done(tag, outcome)` once per datagram. A datagram the kernel refuses (a full
-    /// socket buffer included) is not retried: UDP media is better late-dropped than queued
-    /// behind a stalled socket.
+    /// calls `done(tag, outcome)` once per datagram. Within a run, consecutive datagrams to
+    /// the same destination of one size (the last may be shorter; a video frame, say) go as
+    /// one UDP GSO message (`UDP_SEGMENT`): the kernel walks its send path once for all of
+    /// them and the receiver still gets separate datagrams. A datagram the kernel refuses (a
+    /// full socket buffer included) is not retried: UDP media is better late-dropped than
+    /// queued behind a stalled socket.
     pub fn flush(&mut self, done: &mut impl FnMut(usize, io::Result<usize>)) {
         let total = self.queued.len();
         let mut start = 0;
@@ -266,38 +298,114 @@ impl SendQueue {
                     .iter()
                     .take_while(|q| q.fd == fd)
                     .count();
-            // SAFETY: headers start..end point at live buffers and names set by `push`.
+            let groups = self.group(start, end);
+            // SAFETY: headers 0..groups point at live buffers, names and controls set by
+            // `group`.
             let sent = unsafe {
                 libc::sendmmsg(
                     fd,
-                    self.headers[start..end].as_mut_ptr(),
-                    (end - start) as libc::c_uint,
+                    self.headers.as_mut_ptr(),
+                    groups as libc::c_uint,
                     libc::MSG_DONTWAIT,
                 )
             };
+            let first = self.groups[0];
             if sent < 0 {
-                // The first datagram of the run failed: report it and go on with the next.
                 let error = io::Error::last_os_error();
-                done(self.queued[start].tag, Err(error));
-                start += 1;
+                let unsupported = matches!(
+                    error.raw_os_error(),
+                    Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+                );
+                if first.1 - first.0 > 1 && self.gso && unsupported {
+                    // This path cannot segment (no checksum offload, or too old a kernel):
+                    // from now on, one datagram per message.
+                    self.gso = false;
+                    tracing::debug!(target: "stunner", "UDP GSO unavailable ({error}); sending datagrams one by one");
+                    continue;
+                }
+                // The first message of the run failed: report it and go on with the next.
+                for q in &self.queued[first.0..first.1] {
+                    done(q.tag, Err(io::Error::from(error.kind())));
+                }
+                start = first.1;
                 continue;
             }
-            let sent = sent as usize;
-            for q in &self.queued[start..start + sent] {
-                done(q.tag, Ok(q.len));
-            }
-            if sent == 0 {
-                done(
-                    self.queued[start].tag,
-                    Err(io::ErrorKind::WouldBlock.into()),
-                );
-                start += 1;
-            }
-            start += sent;
+            let sent = (sent as usize).min(groups);
+            let through = if sent == 0 {
+                for q in &self.queued[first.0..first.1] {
+                    done(q.tag, Err(io::ErrorKind::WouldBlock.into()));
+                }
+                first.1
+            } else {
+                let through = self.groups[sent - 1].1;
+                for q in &self.queued[start..through] {
+                    done(q.tag, Ok(q.len));
+                }
+                through
+            };
+            start = through;
         }
         self.queued.clear();
     }
+
+    /// Fills `headers[0..n]` with the messages for queued datagrams `start..end` (all on one
+    /// socket) and `groups[0..n]` with the datagrams each carries; returns `n`.
+    fn group(&mut self, start: usize, end: usize) -> usize {
+        self.groups.clear();
+        let mut i = start;
+        while i < end {
+            let size = self.queued[i].len;
+            let mut j = i + 1;
+            let mut bytes = size;
+            while self.gso
+                && j < end
+                && j - i < GSO_SEGMENTS
+                && self.queued[j - 1].len == size
+                && self.queued[j].len <= size
+                && self.queued[j].len > 0
+                && bytes + self.queued[j].len <= GSO_BYTES
+                && self.names[j].same(&self.names[i])
+            {
+                bytes += self.queued[j].len;
+                j += 1;
+            }
+            let k = self.groups.len();
+            let header = &mut self.headers[k].msg_hdr;
+            header.msg_name = (&mut self.names[i].storage as *mut libc::sockaddr_storage).cast();
+            header.msg_namelen = self.names[i].len;
+            header.msg_iov = &mut self.iovecs[i];
+            header.msg_iovlen = j - i;
+            header.msg_flags = 0;
+            if j - i > 1 {
+                let control = &mut self.controls[k];
+                // SAFETY: `control` is big and aligned enough for one cmsghdr carrying a u16.
+                unsafe {
+                    let cmsg = control.as_mut_ptr().cast::<libc::cmsghdr>();
+                    (*cmsg).cmsg_level = SOL_UDP;
+                    (*cmsg).cmsg_type = UDP_SEGMENT;
+                    (*cmsg).cmsg_len = libc::CMSG_LEN(2) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), size as u16);
+                    header.msg_control = control.as_mut_ptr().cast();
+                    header.msg_controllen = libc::CMSG_SPACE(2) as _;
+                }
+            } else {
+                header.msg_control = std::ptr::null_mut();
+                header.msg_controllen = 0;
+            }
+            self.groups.push((i, j));
+            i = j;
+        }
+        self.groups.len()
+    }
 }
+
+/// `SOL_UDP` and its `UDP_SEGMENT` option (linux/udp.h), for UDP GSO.
+const SOL_UDP: libc::c_int = 17;
+const UDP_SEGMENT: libc::c_int = 103;
+/// Most segments and bytes in one GSO message (the kernel's UDP_MAX_SEGMENTS and a margin
+/// under 64 KiB).
+const GSO_SEGMENTS: usize = 64;
+const GSO_BYTES: usize = 60_000;
 
 #[cfg(test)]
 mod tests {
@@ -344,6 +452,52 @@ mod tests {
         for i in 0..BATCH as u8 {
             let (n, _) = client.recv_from(&mut buf).unwrap();
             assert_eq!(&buf[..n], &[i; 10]);
+        }
+    }
+
+    #[test]
+    fn a_run_to_one_destination_arrives_as_the_datagrams_it_was() {
+        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        for s in [&a, &b] {
+            s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+                .unwrap();
+        }
+        // 5 × 300 B and a 120 B tail to a (one GSO message), 2 to b, 3 more to a of another size.
+        let mut plan: Vec<(&UdpSocket, Vec<u8>)> = Vec::new();
+        for i in 0..5u8 {
+            plan.push((&a, vec![i; 300]));
+        }
+        plan.push((&a, vec![5; 120]));
+        plan.push((&b, vec![6; 300]));
+        plan.push((&b, vec![7; 300]));
+        for i in 8..11u8 {
+            plan.push((&a, vec![i; 200]));
+        }
+        let mut queue = SendQueue::new();
+        let mut outcomes = Vec::new();
+        for (i, (to, data)) in plan.iter().enumerate() {
+            queue.push(
+                sender.as_raw_fd(),
+                data,
+                to.local_addr().unwrap(),
+                i,
+                &mut |tag, r| outcomes.push((tag, r.unwrap())),
+            );
+        }
+        queue.flush(&mut |tag, r| outcomes.push((tag, r.unwrap())));
+        assert!(queue.gso, "the kernel refused UDP GSO on loopback");
+        let want: Vec<(usize, usize)> = plan
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i, p.1.len()))
+            .collect();
+        assert_eq!(outcomes, want);
+        let mut buf = [0u8; 2048];
+        for (to, data) in &plan {
+            let n = to.recv(&mut buf).unwrap();
+            assert_eq!(&buf[..n], &data[..], "datagrams arrive whole, in order");
         }
     }
 
