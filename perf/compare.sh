@@ -13,7 +13,9 @@
 # highest rate with loss under MAX_LOSS percent, 1; slower), PIN (1: in 1-thread cells the
 # server runs on CPU 1 and turnperf on CPU 0, so they do not take turns on one core),
 # LATENCY=1 (after the matrix: per cell, find coturn's highest rate, then run every server at
-# half of it and compare p99), OUT (target/compare). Every loop is bounded by these counts;
+# half of it and compare p99), GSO=1 (turnperf sends its unpaced client batches as UDP GSO, so
+# it can outrun a fast server; every server still receives separate datagrams), OUT
+# (target/compare). Every loop is bounded by these counts;
 # every server is started and stopped by this script, by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,7 @@ RATE=${RATE:-0}
 FIND_MAX=${FIND_MAX:-0}
 MAX_LOSS=${MAX_LOSS:-1}
 PIN=${PIN:-1}
+GSO=${GSO:-0}
 LATENCY=${LATENCY:-0}
 OUT=${OUT:-target/compare}
 mkdir -p "$OUT"
@@ -128,6 +131,7 @@ measure() {
 
 find=()
 [ "$FIND_MAX" = 1 ] && find=(--find-max --max-loss "$MAX_LOSS")
+[ "$GSO" = 1 ] && find+=(--gso)
 run=0
 total=$(( REPS * $(wc -w <<<"$THREADS") * $(wc -w <<<"$SIZES") * $(wc -w <<<"$ALLOCS") * $(wc -w <<<"$SERVERS") ))
 for rep in $(seq 1 "$REPS"); do

@@ -107,6 +107,28 @@ fn turnperf_relays_through_coturn_both_ways_and_reports() {
     drop(server);
 }
 
+/// `--gso` sends each unpaced batch as one GSO message; coturn must still see (and relay)
+/// separate, well-formed ChannelData datagrams, which the peer counts by their headers.
+#[test]
+fn gso_batches_reach_the_server_as_separate_datagrams() {
+    let (server, port) = coturn();
+    let addr = format!("127.0.0.1:{port}");
+    let (code, out, err) = turnperf(&[&addr, "-n", "4", "-r", "0", "-d", "1", "--gso", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let up = &doc["report"]["up"];
+    let (sent, delivered) = (
+        up["sent"].as_u64().unwrap(),
+        up["delivered"].as_u64().unwrap(),
+    );
+    assert!(sent > 1000, "{up}");
+    assert!(delivered > 1000 && delivered <= sent, "{up}");
+    // Batches are 16 datagrams: had the server seen one merged datagram per batch, at most a
+    // sixteenth could arrive.
+    assert!(delivered * 16 > sent, "{up}");
+    drop(server);
+}
+
 #[test]
 fn turnperf_rejects_bad_options_clearly() {
     let (code, _, err) = turnperf(&["127.0.0.1:9", "-s", "8"]);

@@ -69,6 +69,10 @@ struct Cli {
     /// No progress lines.
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// Unpaced client→server batches as one UDP GSO message each (the server still receives
+    /// separate datagrams): a cheaper sender, so the load generator can outrun the server.
+    #[arg(long)]
+    gso: bool,
 }
 
 fn main() -> ExitCode {
@@ -102,6 +106,7 @@ fn main() -> ExitCode {
         peer_ip: cli.peer_ip,
         mode: cli.mode,
         plain_relay: cli.plain_relay,
+        gso: cli.gso,
     };
     let rss_before = cli.server_pid.and_then(rss_kib);
     let setup = match setup(&config) {
