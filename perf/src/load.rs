@@ -584,6 +584,7 @@ impl Setup {
         let mut pacer = Pacer::new(rate);
         let mut seq = 0u64;
         let mut next = 0usize;
+        let mut gso = self.gso;
         while let Some(budget) = pacer.due(stop) {
             // Unpaced: a batch per allocation; paced: one datagram per allocation in turn.
             let count = if rate == 0 { budget } else { 1 };
@@ -595,12 +596,14 @@ impl Setup {
                 seq += 1;
             }
             let fd = self.clients[i].socket.as_raw_fd();
-            let gso = if self.gso && count > 1 {
+            let via_gso = if gso && count > 1 {
                 send_gso(fd, &mut frames[i][..count])
             } else {
                 None
             };
-            let n = gso.unwrap_or_else(|| send_batch(fd, &mut frames[i][..count], None));
+            // Once the kernel refuses GSO, stop asking.
+            gso &= via_gso.is_some() || count <= 1;
+            let n = via_gso.unwrap_or_else(|| send_batch(fd, &mut frames[i][..count], None));
             pacer.sent(n, sent);
         }
     }

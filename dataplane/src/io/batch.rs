@@ -117,9 +117,9 @@ impl Slots {
 pub struct RecvBatch {
     bufs: Box<[[u8; SLOT]]>,
     names: Box<[RawName]>,
-    iovecs: Box<[libc::iovec]>,
+    /// Pointed at by `headers`; kept alive, never read directly.
+    _iovecs: Box<[libc::iovec]>,
     headers: Box<[libc::mmsghdr]>,
-    headroom: usize,
     count: usize,
 }
 
@@ -147,28 +147,21 @@ impl RecvBatch {
         RecvBatch {
             bufs,
             names,
-            iovecs,
+            _iovecs: iovecs,
             headers,
-            headroom,
             count: 0,
         }
-    }
-
-    /// The bytes in front of every datagram.
-    pub fn headroom(&self) -> usize {
-        self.headroom
     }
 
     /// One non-blocking `recvmmsg` on `fd`: how many datagrams arrived (0 when none were
     /// waiting).
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         self.count = 0;
-        for (header, iov) in self.headers.iter_mut().zip(self.iovecs.iter()) {
+        for header in self.headers.iter_mut() {
             header.msg_hdr.msg_namelen =
                 std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             header.msg_hdr.msg_flags = 0;
             header.msg_len = 0;
-            debug_assert_eq!(iov.iov_len, SLOT - self.headroom);
         }
         // SAFETY: every header points at live buffers of the lengths it states.
         let n = unsafe {
