@@ -30,9 +30,26 @@ pub struct ListenerSpec {
     pub port: u16,
     /// The realm it serves: a realm change restarts every listener, as in stunnerd.
     pub realm: String,
-    /// A digest of the listener's TLS cert and key (0 when none): changing either restarts
-    /// the listener.
-    pub tls_digest: u64,
+    /// The listener's TLS/DTLS certificate and key: changing either restarts the listener.
+    pub tls: TlsMaterial,
+}
+
+/// A listener's certificate and key as the config gives them (base64 PEM). `Debug` shows a
+/// digest only, so key material never reaches a log.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct TlsMaterial {
+    /// Digest of both (0 when none), compared first.
+    pub digest: u64,
+    /// Base64 PEM certificate chain.
+    pub cert: Arc<str>,
+    /// Base64 PEM private key.
+    pub key: Arc<str>,
+}
+
+impl std::fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TlsMaterial {{ digest: {:016x} }}", self.digest)
+    }
 }
 
 /// A cluster as the dataplane matches peers against it.
@@ -139,7 +156,11 @@ impl Snapshot {
                 advertised_ip,
                 port: listener.port,
                 realm: config.auth.realm.clone(),
-                tls_digest: tls_digest(&listener.cert, &listener.key),
+                tls: TlsMaterial {
+                    digest: tls_digest(&listener.cert, &listener.key),
+                    cert: listener.cert.as_str().into(),
+                    key: listener.key.as_str().into(),
+                },
             });
             // Clusters named in routes but missing from the config are skipped, as stunnerd does.
             routes.push(Route {

@@ -3,7 +3,7 @@
 //! batched syscalls as the io_uring engine. Datagrams queued for clients during one wakeup go
 //! out together, one `sendmmsg` per listener socket.
 
-use super::shard::{Driver, Readiness, Shard, ShardSetup, Token, TICK};
+use super::shard::{Driver, Interest, Readiness, Shard, ShardSetup, Token, TICK};
 use socket2::Socket;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -35,19 +35,41 @@ impl Driver for Epoll {
     /// Closing the socket removes it from the epoll set.
     type Watch = Socket;
 
-    fn watch(&self, socket: Socket, token: Token) -> io::Result<(RawFd, Socket)> {
+    fn watch(
+        &self,
+        socket: Socket,
+        token: Token,
+        _interest: Interest,
+    ) -> io::Result<(RawFd, Socket)> {
         let fd = socket.as_raw_fd();
+        self.control(libc::EPOLL_CTL_ADD, fd, token, libc::EPOLLIN as u32)?;
+        Ok((fd, socket))
+    }
+
+    fn want_writable(&self, fd: RawFd, token: Token, on: bool) {
+        let events = if on {
+            (libc::EPOLLIN | libc::EPOLLOUT) as u32
+        } else {
+            libc::EPOLLIN as u32
+        };
+        if let Err(e) = self.control(libc::EPOLL_CTL_MOD, fd, token, events) {
+            tracing::debug!(target: "stunner", "epoll_ctl failed: {e}");
+        }
+    }
+}
+
+impl Epoll {
+    fn control(&self, op: libc::c_int, fd: RawFd, token: Token, events: u32) -> io::Result<()> {
         let mut event = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
+            events,
             u64: token.to_u64(),
         };
         // SAFETY: both fds are open; `event` is valid for the call.
-        let rc =
-            unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) };
+        let rc = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut event) };
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok((fd, socket))
+        Ok(())
     }
 }
 
@@ -80,7 +102,8 @@ pub(super) fn run(setup: ShardSetup) -> io::Result<()> {
         }
         for event in &events[..n as usize] {
             let token = Token::from_u64(event.u64);
-            // Level-triggered: a socket left with data (Readiness::More) is reported again.
+            // Level-triggered: a socket left with data (Readiness::More) is reported again;
+            // a closed stream left the set when the shard dropped its socket.
             let _: Readiness = shard.readable(token);
         }
         shard.flush();

@@ -6,11 +6,14 @@
 //! `arc_swap::Cache`; nothing is locked or shared per packet.
 
 pub mod batch;
+mod dtls;
 mod epoll;
 pub mod metrics;
 pub mod probe;
 mod shard;
 pub mod socket;
+mod stream;
+pub mod tls;
 mod uring;
 
 use arc_swap::ArcSwap;

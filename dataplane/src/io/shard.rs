@@ -4,17 +4,32 @@
 //! ([`Shard::readable`]), when to flush queued sends ([`Shard::flush`]) and when to tick
 //! ([`Shard::tick`]). The shard moves datagrams with batched, non-blocking syscalls
 //! (`recvmmsg`, `sendto`, `sendmmsg`) into buffers allocated once.
+//!
+//! TURN-TCP and TURN-TLS listeners accept on a SO_REUSEPORT socket per shard; each connection
+//! is a [`Conn`] with bounded buffers, read when readable and written when the shard flushes
+//! (or, when the client is slow, whenever the socket can take more). TURN-DTLS runs sessions
+//! per client address over UDP listener sockets ([`dtls`]). Whatever the transport, the relay
+//! side is UDP and the same [`Engine`] decides.
 
 use super::batch::{Datagram, RecvBatch, SendQueue, BATCH};
+use super::dtls;
 use super::metrics::{Named, ShardReport};
-use super::socket::{canonical, for_socket, listener_socket, relay_socket, try_send_to};
-use super::ShardStats;
+use super::socket::{
+    canonical, for_socket, listener_socket, prepare_stream, relay_socket, stream_listener_socket,
+    try_send_to,
+};
+use super::stream::{stream_len, Closed, Conn};
+use super::{tls, ShardStats};
 use crate::proto::{
     Bytes, ClientAction, DropReason, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction,
     RelayId, PEER_HEADROOM,
 };
 use arc_swap::{ArcSwap, Cache};
+use foldhash::fast::RandomState;
+use openssl::ssl::SslContext;
+use rustls::{ServerConfig, ServerConnection};
 use socket2::Socket;
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -32,6 +47,14 @@ const BUFFER: usize = 2048;
 pub(super) const TICK: Duration = Duration::from_millis(100);
 /// Batches one readable socket may take before the shard serves the others.
 const ROUNDS: usize = 4;
+/// Connections one readable stream listener may accept before the shard serves the others.
+const ACCEPTS: usize = 64;
+/// DTLS sessions one shard holds at most (a new client beyond it is ignored until some end).
+const MAX_DTLS_SESSIONS: usize = 16 << 10;
+/// How often connections and DTLS sessions are checked for handshake and idle timeouts.
+const SWEEP: Duration = Duration::from_secs(1);
+/// Scratch for stream reads and DTLS plaintext.
+const SCRATCH: usize = 64 << 10;
 
 pub(super) struct ShardSetup {
     pub index: usize,
@@ -56,16 +79,22 @@ pub(super) enum Token {
     Listener(ListenerId, u16),
     /// An allocation's relay socket.
     Relay(RelayId),
+    /// A TCP/TLS connection: its slot and the slot's generation.
+    Conn(u32, u16),
 }
 
 impl Token {
     const LISTENER: u64 = 1 << 63;
+    const CONN: u64 = 1 << 62;
 
     /// A number to register with a poller.
     pub fn to_u64(self) -> u64 {
         match self {
             Token::Listener(id, n) => Token::LISTENER | (u64::from(id.0) << 16) | u64::from(n),
             Token::Relay(id) => u64::from(id.0),
+            Token::Conn(slot, generation) => {
+                Token::CONN | (u64::from(generation) << 32) | u64::from(slot)
+            }
         }
     }
 
@@ -73,29 +102,84 @@ impl Token {
     pub fn from_u64(raw: u64) -> Token {
         if raw & Token::LISTENER != 0 {
             Token::Listener(ListenerId((raw >> 16) as u32), raw as u16)
+        } else if raw & Token::CONN != 0 {
+            Token::Conn(raw as u32, (raw >> 32) as u16)
         } else {
             Token::Relay(RelayId(raw as u32))
         }
     }
 }
 
+/// What a watched socket is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Interest {
+    /// A UDP socket: report it when datagrams wait.
+    Datagrams,
+    /// A listening TCP socket: hand accepted connections to [`Shard::accepted`] (io_uring) or
+    /// report it readable so the shard accepts (epoll).
+    Accept,
+    /// A TCP connection: report it when bytes (or end of stream) wait, and when writable
+    /// while [`Driver::want_writable`] asks.
+    Stream,
+}
+
 /// What an IO engine provides: readiness reports for the sockets a shard opens.
 pub(super) trait Driver {
-    /// Keeps a watched socket open and reported; dropping it closes the socket.
+    /// Keeps a watched socket reported. Dropping it stops the reports and closes the socket,
+    /// except for streams on io_uring, whose fd lives until its task sees the shutdown the
+    /// shard issues on close.
     type Watch;
 
     /// Starts reporting `socket` as `token` (it is non-blocking). Returns its fd, valid for as
     /// long as the returned watch lives.
-    fn watch(&self, socket: Socket, token: Token) -> io::Result<(RawFd, Self::Watch)>;
+    fn watch(
+        &self,
+        socket: Socket,
+        token: Token,
+        interest: Interest,
+    ) -> io::Result<(RawFd, Self::Watch)>;
+
+    /// Asks for (`on`) or stops asking for reports that stream `token` can take more bytes:
+    /// the shard then calls [`Shard::readable`], which writes what is queued.
+    fn want_writable(&self, fd: RawFd, token: Token, on: bool);
 }
 
 /// Whether a readable socket was emptied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Readiness {
-    /// The socket had nothing more (or is gone).
+    /// The socket had nothing more.
     Drained,
     /// The shard stopped after [`ROUNDS`] full batches; more is probably waiting.
     More,
+    /// The socket is gone (a stream closed): stop watching it.
+    Closed,
+}
+
+/// What a listener speaks, with its per-listener state.
+enum Kind {
+    Udp,
+    Dtls {
+        context: SslContext,
+        sessions: HashMap<SocketAddr, dtls::Session, RandomState>,
+    },
+    Tcp,
+    Tls(Arc<ServerConfig>),
+}
+
+impl Kind {
+    fn is_stream(&self) -> bool {
+        matches!(self, Kind::Tcp | Kind::Tls(_))
+    }
+
+    /// The client transport, for logs.
+    fn transport(&self) -> &'static str {
+        match self {
+            Kind::Udp => "UDP",
+            Kind::Dtls { .. } => "DTLS",
+            Kind::Tcp => "TCP",
+            Kind::Tls(_) => "TLS",
+        }
+    }
 }
 
 struct RunningListener<W> {
@@ -106,6 +190,9 @@ struct RunningListener<W> {
     /// The address every socket of this listener is bound to (all share it via SO_REUSEPORT).
     local_addr: SocketAddr,
     sockets: Vec<(RawFd, W)>,
+    kind: Kind,
+    /// Open TCP/TLS connections accepted on it (this shard).
+    conns: u64,
 }
 
 struct RelaySlot<W> {
@@ -196,6 +283,16 @@ pub(super) struct Shard<D: Driver> {
     to_peers: SendQueue,
     /// Datagrams for clients, tagged with their listener's counter slot.
     to_clients: SendQueue,
+    /// TCP/TLS connections by slot, the generation of every slot ever used, free slots.
+    conns: Vec<Option<Conn<D::Watch>>>,
+    conn_generations: Vec<u16>,
+    free_conns: Vec<u32>,
+    conn_by_client: HashMap<(ListenerId, SocketAddr), u32, RandomState>,
+    /// Connections with bytes queued since the last flush.
+    dirty_conns: Vec<u32>,
+    /// Taken while a stream read or a DTLS datagram is handled.
+    scratch: Option<Box<[u8]>>,
+    next_sweep: Instant,
 }
 
 /// The tag of a relayed datagram whose cluster has no counter slot.
@@ -217,6 +314,13 @@ impl<D: Driver> Shard<D> {
             out: vec![0u8; BUFFER].into_boxed_slice(),
             to_peers: SendQueue::new(),
             to_clients: SendQueue::new(),
+            conns: Vec::new(),
+            conn_generations: Vec::new(),
+            free_conns: Vec::new(),
+            conn_by_client: HashMap::with_hasher(RandomState::default()),
+            dirty_conns: Vec::new(),
+            scratch: Some(vec![0u8; SCRATCH].into_boxed_slice()),
+            next_sweep: Instant::now() + SWEEP,
         }
     }
 
@@ -233,14 +337,56 @@ impl<D: Driver> Shard<D> {
             self.engine.handle_timeout(now);
             self.close_relays();
         }
+        if now >= self.next_sweep {
+            self.next_sweep = now + SWEEP;
+            self.sweep(now);
+        }
         self.publish(&setup.stats[self.index]);
     }
 
     /// Closes every socket.
     pub fn shutdown(&mut self, stats: &ShardStats) {
+        for slot in 0..self.conns.len() {
+            self.close_conn(slot as u32, None);
+        }
         self.listeners.clear();
         self.relays.clear();
         stats.allocations.store(0, Ordering::Relaxed);
+    }
+
+    /// Ends TLS handshakes that took too long, and DTLS sessions that stalled or outlived
+    /// their allocation.
+    fn sweep(&mut self, now: Instant) {
+        let late: Vec<u32> = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, c)| {
+                c.as_ref()
+                    .filter(|c| c.handshake_deadline.is_some_and(|d| d <= now))
+                    .map(|_| slot as u32)
+            })
+            .collect();
+        for slot in late {
+            self.close_conn(slot, Some(Closed::Tls));
+        }
+        let engine = &mut self.engine;
+        for listener in &mut self.listeners {
+            let Kind::Dtls { sessions, .. } = &mut listener.kind else {
+                continue;
+            };
+            let id = listener.id;
+            sessions.retain(|client, session| {
+                let stalled = session.handshake_deadline.is_some_and(|d| d <= now);
+                let idle = now.saturating_duration_since(session.last_rx) >= dtls::IDLE_TIMEOUT
+                    && !engine.has_allocation(id, *client);
+                if stalled || idle {
+                    engine.close_client(id, *client);
+                }
+                !(stalled || idle)
+            });
+        }
+        self.close_relays();
     }
 
     /// Receives and handles what waits on the socket behind `token`, up to [`ROUNDS`] batches.
@@ -249,22 +395,291 @@ impl<D: Driver> Shard<D> {
             return Readiness::Drained;
         };
         let readiness = match token {
-            Token::Listener(id, n) => self.listener_readable(&mut batch, id, usize::from(n)),
+            Token::Listener(id, n) => {
+                let stream = self
+                    .listeners
+                    .iter()
+                    .find(|l| l.id == id)
+                    .map(|l| l.kind.is_stream());
+                match stream {
+                    None => Readiness::Drained,
+                    Some(true) => self.accept_ready(id, usize::from(n)),
+                    Some(false) => self.listener_readable(&mut batch, id, usize::from(n)),
+                }
+            }
             Token::Relay(relay) => self.relay_readable(&mut batch, relay),
+            Token::Conn(slot, generation) => self.conn_ready(slot, generation),
         };
         self.batch = Some(batch);
         readiness
     }
 
-    /// Sends every queued datagram.
+    /// Whether stream `token` still has bytes queued (io_uring polls for writability with it).
+    pub fn write_pending(&self, token: Token) -> bool {
+        let Token::Conn(slot, generation) = token else {
+            return false;
+        };
+        self.conns
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.generation == generation && c.pending() > 0)
+    }
+
+    /// Sends every queued datagram and writes what connections have queued.
     pub fn flush(&mut self) {
         self.flush_peers();
-        if self.to_clients.is_empty() {
+        if !self.to_clients.is_empty() {
+            let counters = &mut self.counters;
+            self.to_clients
+                .flush(&mut |metric, outcome| counters.sent_to_client(metric, outcome));
+        }
+        while let Some(slot) = self.dirty_conns.pop() {
+            self.flush_conn(slot);
+        }
+    }
+
+    /// Writes what connection `slot` has queued; asks to hear when it can take the rest.
+    fn flush_conn(&mut self, slot: u32) {
+        let Some(conn) = self.conns.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        conn.dirty = false;
+        let token = Token::Conn(slot, conn.generation);
+        match conn.flush() {
+            Ok(true) if conn.want_write => {
+                conn.want_write = false;
+                self.driver.want_writable(conn.fd, token, false);
+            }
+            Ok(true) => {}
+            Ok(false) if !conn.want_write => {
+                conn.want_write = true;
+                self.driver.want_writable(conn.fd, token, true);
+            }
+            Ok(false) => {}
+            Err(why) => self.close_conn(slot, Some(why)),
+        }
+    }
+
+    /// Queues `bytes` (one frame) for connection `slot`. `false` if it is too far behind.
+    fn queue_to_conn(
+        conns: &mut [Option<Conn<D::Watch>>],
+        dirty: &mut Vec<u32>,
+        slot: u32,
+        bytes: &[u8],
+    ) -> bool {
+        let Some(conn) = conns.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return false;
+        };
+        if !conn.queue(bytes, stream_len(bytes)) {
+            return false;
+        }
+        if !conn.dirty {
+            conn.dirty = true;
+            dirty.push(slot);
+        }
+        true
+    }
+
+    /// Accepts what waits on stream listener `id`'s socket `n` (epoll; io_uring accepts
+    /// itself and calls [`Shard::accepted`]).
+    fn accept_ready(&mut self, id: ListenerId, n: usize) -> Readiness {
+        let Some(fd) = self
+            .listeners
+            .iter()
+            .find(|l| l.id == id)
+            .and_then(|l| l.sockets.get(n).map(|s| s.0))
+        else {
+            return Readiness::Drained;
+        };
+        for _ in 0..ACCEPTS {
+            // SAFETY: plain syscall on an open listening socket; no address is asked for.
+            let accepted = unsafe {
+                libc::accept4(
+                    fd,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                )
+            };
+            if accepted < 0 {
+                let error = io::Error::last_os_error();
+                match error.kind() {
+                    io::ErrorKind::WouldBlock => return Readiness::Drained,
+                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted => continue,
+                    _ => {
+                        tracing::warn!(target: "stunner", "accept failed: {error}");
+                        return Readiness::Drained;
+                    }
+                }
+            }
+            // SAFETY: accept4 returned a new fd that nothing else owns.
+            let socket = unsafe { <Socket as std::os::fd::FromRawFd>::from_raw_fd(accepted) };
+            self.accepted(id, socket);
+        }
+        Readiness::More
+    }
+
+    /// Takes a connection accepted on stream listener `id`.
+    pub fn accepted(&mut self, id: ListenerId, socket: Socket) {
+        let Some(client) = socket
+            .peer_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map(canonical)
+        else {
+            return;
+        };
+        let Some(listener) = self.listeners.iter_mut().find(|l| l.id == id) else {
+            return;
+        };
+        let tls = match &listener.kind {
+            Kind::Tls(config) => match ServerConnection::new(config.clone()) {
+                Ok(tls) => Some(Box::new(tls)),
+                Err(e) => {
+                    tracing::warn!(target: "stunner", "TLS session setup failed: {e}");
+                    return;
+                }
+            },
+            _ => None,
+        };
+        if let Err(e) = prepare_stream(&socket) {
+            tracing::debug!(target: "stunner", "cannot use connection from {client}: {e}");
             return;
         }
-        let counters = &mut self.counters;
-        self.to_clients
-            .flush(&mut |metric, outcome| counters.sent_to_client(metric, outcome));
+        let slot = self.free_conns.pop().unwrap_or_else(|| {
+            self.conns.push(None);
+            self.conn_generations.push(0);
+            (self.conns.len() - 1) as u32
+        });
+        let generation = self.conn_generations[slot as usize].wrapping_add(1);
+        self.conn_generations[slot as usize] = generation;
+        let watched = self
+            .driver
+            .watch(socket, Token::Conn(slot, generation), Interest::Stream);
+        let (fd, watch) = match watched {
+            Ok(watched) => watched,
+            Err(e) => {
+                tracing::warn!(target: "stunner", "cannot watch connection from {client}: {e}");
+                self.free_conns.push(slot);
+                return;
+            }
+        };
+        listener.conns += 1;
+        self.counters.listeners.opened[listener.metric] += 1;
+        let conn = Conn::new(fd, watch, generation, id, listener.metric, client, tls);
+        self.conns[slot as usize] = Some(conn);
+        // A client reconnecting from the same address replaces its old connection.
+        if let Some(old) = self.conn_by_client.insert((id, client), slot) {
+            if old != slot {
+                self.close_conn(old, None);
+                self.conn_by_client.insert((id, client), slot);
+            }
+        }
+        tracing::debug!(target: "stunner", "{} connection from {client} on listener {:?}, shard {}",
+            if self.conns[slot as usize].as_ref().is_some_and(|c| c.handshake_deadline.is_some()) { "TLS" } else { "TCP" },
+            self.listeners.iter().find(|l| l.id == id).map_or("", |l| l.spec.name.as_str()),
+            self.index);
+    }
+
+    /// Connection `slot` is readable (or writable): writes what is queued, then reads and
+    /// handles every complete frame.
+    fn conn_ready(&mut self, slot: u32, generation: u16) -> Readiness {
+        let Some(conn) = self
+            .conns
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+            .filter(|c| c.generation == generation)
+        else {
+            return Readiness::Closed;
+        };
+        if conn.pending() > 0 {
+            self.flush_conn(slot);
+        }
+        let Some(mut scratch) = self.scratch.take() else {
+            return Readiness::Drained;
+        };
+        let outcome = self.conn_read(slot, &mut scratch);
+        self.scratch = Some(scratch);
+        self.flush_peers();
+        self.close_relays();
+        match outcome {
+            Ok(()) => Readiness::Drained,
+            Err(why) => {
+                self.close_conn(slot, Some(why));
+                Readiness::Closed
+            }
+        }
+    }
+
+    fn conn_read(&mut self, slot: u32, scratch: &mut [u8]) -> Result<(), Closed> {
+        let Some(conn) = self.conns.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return Err(Closed::Error);
+        };
+        let read = conn.read(scratch);
+        let (id, client, metric) = (conn.listener, conn.client, conn.metric);
+        let mut rx = conn.take_rx();
+        let now = Instant::now();
+        // Frames that arrived before an end of stream are still handled.
+        let mut outcome = read.map(drop);
+        loop {
+            let range = match rx.next_frame() {
+                Ok(Some(range)) => range,
+                Ok(None) => break,
+                Err(why) => {
+                    self.engine_malformed();
+                    outcome = Err(why);
+                    break;
+                }
+            };
+            let frame = &rx.bytes()[range];
+            self.counters.listener_rx_packets += 1;
+            self.counters.listeners.traffic[metric].rx(frame.len());
+            if let Some(n) = self.client_message(now, id, client, frame) {
+                if Self::queue_to_conn(&mut self.conns, &mut self.dirty_conns, slot, &self.out[..n])
+                {
+                    self.counters.listeners.traffic[metric].tx(n);
+                } else {
+                    self.counters.send_failed += 1;
+                }
+            }
+        }
+        if let Some(conn) = self.conns.get_mut(slot as usize).and_then(Option::as_mut) {
+            conn.restore_rx(rx);
+            // TLS handshake records (or an alert) to send.
+            if conn.pending() > 0 && !conn.dirty {
+                conn.dirty = true;
+                self.dirty_conns.push(slot);
+            }
+        }
+        outcome
+    }
+
+    /// Counts bytes on a stream that are not TURN.
+    fn engine_malformed(&mut self) {
+        self.counters.oversized += 1;
+    }
+
+    /// Closes connection `slot` and frees its allocation (`why`: logged when given).
+    fn close_conn(&mut self, slot: u32, why: Option<Closed>) {
+        let Some(conn) = self.conns.get_mut(slot as usize).and_then(Option::take) else {
+            return;
+        };
+        if self.conn_by_client.get(&(conn.listener, conn.client)) == Some(&slot) {
+            self.conn_by_client.remove(&(conn.listener, conn.client));
+        }
+        self.engine.close_client(conn.listener, conn.client);
+        self.close_relays();
+        if let Some(listener) = self.listeners.iter_mut().find(|l| l.id == conn.listener) {
+            listener.conns = listener.conns.saturating_sub(1);
+        }
+        if let Some(why) = why {
+            tracing::debug!(target: "stunner", "connection from {} closed: {why:?}", conn.client);
+        }
+        // Wakes an io_uring watcher (which then closes the fd); epoll's watch closes it on drop.
+        // SAFETY: the fd is open until the watch is dropped below.
+        unsafe { libc::shutdown(conn.fd, libc::SHUT_RDWR) };
+        self.free_conns.push(slot);
+        drop(conn);
     }
 
     fn flush_peers(&mut self) {
@@ -341,6 +756,117 @@ impl<D: Driver> Shard<D> {
         local: SocketAddr,
         datagram: Datagram<'_>,
     ) {
+        self.counters.listener_rx_packets += 1;
+        self.counters.listeners.traffic[metric].rx(datagram.len);
+        let Some(from) = datagram.from.map(canonical) else {
+            return;
+        };
+        if datagram.truncated || datagram.len >= MAX_DATAGRAM {
+            self.counters.oversized += 1;
+            return;
+        }
+        let data = &datagram.buf[PEER_HEADROOM..PEER_HEADROOM + datagram.len];
+        let dtls = self
+            .listeners
+            .iter()
+            .find(|l| l.id == id)
+            .is_some_and(|l| matches!(l.kind, Kind::Dtls { .. }));
+        if dtls {
+            self.dtls_datagram(now, id, fd, metric, local, from, data);
+            return;
+        }
+        if let Some(n) = self.client_message(now, id, from, data) {
+            let outcome = try_send_to(fd, &self.out[..n], for_socket(local, from));
+            if let Some(sent) = self.counters.sent(outcome) {
+                self.counters.listeners.traffic[metric].tx(sent);
+            }
+        }
+    }
+
+    /// A datagram from `from` on DTLS listener `id`: handshake records go to (or start) its
+    /// session; decrypted TURN messages go to the engine and their replies back encrypted.
+    #[allow(clippy::too_many_arguments)]
+    fn dtls_datagram(
+        &mut self,
+        now: Instant,
+        id: ListenerId,
+        fd: RawFd,
+        metric: usize,
+        local: SocketAddr,
+        from: SocketAddr,
+        data: &[u8],
+    ) {
+        let Some(listener) = self.listeners.iter_mut().find(|l| l.id == id) else {
+            return;
+        };
+        let Kind::Dtls { context, sessions } = &mut listener.kind else {
+            return;
+        };
+        // The session leaves the map while it is used, so the shard can be borrowed beside it.
+        let mut session = match sessions.remove(&from) {
+            Some(session) => session,
+            // Only a handshake record (content type 22) may start a session.
+            None if data.first() != Some(&22) || sessions.len() >= MAX_DTLS_SESSIONS => {
+                self.counters.oversized += 1;
+                return;
+            }
+            None => match dtls::Session::new(context, now) {
+                Ok(session) => {
+                    self.counters.listeners.opened[metric] += 1;
+                    session
+                }
+                Err(e) => {
+                    tracing::warn!(target: "stunner", "DTLS session setup failed: {e}");
+                    return;
+                }
+            },
+        };
+        let Some(mut scratch) = self.scratch.take() else {
+            return;
+        };
+        let received = session.receive(now, data, &mut scratch, |session, message| {
+            if let Some(n) = self.client_message(now, id, from, message) {
+                if !session.send(&self.out[..n]) {
+                    self.counters.send_failed += 1;
+                }
+            }
+        });
+        self.scratch = Some(scratch);
+        let counters = &mut self.counters;
+        session.drain(|datagram| {
+            let outcome = try_send_to(fd, datagram, for_socket(local, from));
+            if let Some(n) = counters.sent(outcome) {
+                counters.listeners.traffic[metric].tx(n);
+            }
+        });
+        match received {
+            Ok(()) => {
+                if let Some(Kind::Dtls { sessions, .. }) = self
+                    .listeners
+                    .iter_mut()
+                    .find(|l| l.id == id)
+                    .map(|l| &mut l.kind)
+                {
+                    sessions.insert(from, session);
+                }
+            }
+            Err(why) => {
+                tracing::debug!(target: "stunner", "DTLS session of {from} ended: {why:?}");
+                self.engine.close_client(id, from);
+                self.close_relays();
+            }
+        }
+    }
+
+    /// One TURN message from `from` on listener `id`, whatever carried it: relays, allocates
+    /// or answers. Returns the length of the reply left in `self.out`, if any.
+    fn client_message(
+        &mut self,
+        now: Instant,
+        id: ListenerId,
+        from: SocketAddr,
+        data: &[u8],
+    ) -> Option<usize> {
         let Shard {
             engine,
             cache,
@@ -353,20 +879,8 @@ impl<D: Driver> Shard<D> {
             to_peers,
             ..
         } = self;
-        counters.listener_rx_packets += 1;
-        counters.listeners.traffic[metric].rx(datagram.len);
-        let Some(from) = datagram.from.map(canonical) else {
-            return;
-        };
-        if datagram.truncated || datagram.len >= MAX_DATAGRAM {
-            counters.oversized += 1;
-            return;
-        }
-        let data = &datagram.buf[PEER_HEADROOM..PEER_HEADROOM + datagram.len];
         let snap: &Snapshot = cache.load();
-        let Some(listener) = listeners.iter().find(|l| l.id == id) else {
-            return;
-        };
+        let listener = listeners.iter().find(|l| l.id == id)?;
         let action = engine.handle_client(
             now,
             snap,
@@ -378,7 +892,7 @@ impl<D: Driver> Shard<D> {
             data,
             out,
         );
-        let reply = match action {
+        match action {
             ClientAction::Drop(_) => None,
             ClientAction::Reply(n) => Some(n),
             ClientAction::Relay {
@@ -402,7 +916,8 @@ impl<D: Driver> Shard<D> {
             }
             ClientAction::AllocateRelay(request) => {
                 let bound = relay_socket(&request).and_then(|(socket, port)| {
-                    let (fd, watch) = driver.watch(socket, Token::Relay(request.relay))?;
+                    let (fd, watch) =
+                        driver.watch(socket, Token::Relay(request.relay), Interest::Datagrams)?;
                     Ok((fd, watch, port))
                 });
                 let port = match bound {
@@ -423,9 +938,10 @@ impl<D: Driver> Shard<D> {
                 if let (Some(_), Ok(port)) = (reply, port) {
                     tracing::debug!(
                         target: "stunner",
-                        "Allocation created: client={}-{}:UDP, listener={}, relay-address={}:{}, shard={}",
+                        "Allocation created: client={}-{}:{}, listener={}, relay-address={}:{}, shard={}",
                         from,
                         listener.spec.port,
+                        listener.kind.transport(),
                         listener.spec.name,
                         listener.spec.advertised_ip,
                         port,
@@ -433,12 +949,6 @@ impl<D: Driver> Shard<D> {
                     );
                 }
                 reply
-            }
-        };
-        if let Some(n) = reply {
-            let outcome = try_send_to(fd, &out[..n], for_socket(local, from));
-            if let Some(sent) = counters.sent(outcome) {
-                counters.listeners.traffic[metric].tx(sent);
             }
         }
     }
@@ -451,6 +961,9 @@ impl<D: Driver> Shard<D> {
             counters,
             out,
             to_clients,
+            conns,
+            conn_by_client,
+            dirty_conns,
             ..
         } = self;
         let Some(peer) = datagram.from else {
@@ -475,10 +988,13 @@ impl<D: Driver> Shard<D> {
         if let Some(slot) = counters.cluster(snap, cluster) {
             counters.clusters.traffic[slot].rx(payload_len);
         }
-        let Some((fd, local, metric)) = listeners
-            .iter()
-            .find(|l| l.id == listener)
-            .and_then(|l| l.sockets.first().map(|s| (s.0, l.local_addr, l.metric)))
+        let Some(running) = listeners.iter_mut().find(|l| l.id == listener) else {
+            return;
+        };
+        let Some((fd, local, metric)) = running
+            .sockets
+            .first()
+            .map(|s| (s.0, running.local_addr, running.metric))
         else {
             return;
         };
@@ -487,13 +1003,40 @@ impl<D: Driver> Shard<D> {
             Bytes::Input(range) => &buf[range],
             Bytes::Output(n) => &out[..n],
         };
-        to_clients.push(
-            fd,
-            data,
-            for_socket(local, client),
-            metric,
-            &mut |metric, outcome| counters.sent_to_client(metric, outcome),
-        );
+        match &mut running.kind {
+            Kind::Udp => to_clients.push(
+                fd,
+                data,
+                for_socket(local, client),
+                metric,
+                &mut |metric, outcome| counters.sent_to_client(metric, outcome),
+            ),
+            Kind::Dtls { sessions, .. } => {
+                let Some(session) = sessions.get_mut(&client) else {
+                    counters.send_failed += 1;
+                    return;
+                };
+                if !session.send(data) {
+                    counters.send_failed += 1;
+                }
+                session.drain(|datagram| {
+                    let outcome = try_send_to(fd, datagram, for_socket(local, client));
+                    if let Some(n) = counters.sent(outcome) {
+                        counters.listeners.traffic[metric].tx(n);
+                    }
+                });
+            }
+            Kind::Tcp | Kind::Tls(_) => {
+                let queued = conn_by_client
+                    .get(&(listener, client))
+                    .is_some_and(|&slot| Self::queue_to_conn(conns, dirty_conns, slot, data));
+                if queued {
+                    counters.listeners.traffic[metric].tx(data.len());
+                } else {
+                    counters.send_failed += 1;
+                }
+            }
+        }
     }
 
     fn close_relays(&mut self) {
@@ -539,7 +1082,12 @@ impl<D: Driver> Shard<D> {
             *open = 0;
         }
         for l in &self.listeners {
-            report.listeners.open[l.metric] += l.sockets.len() as u64;
+            // stunnerd counts a UDP socket, a TCP/TLS connection and a DTLS session alike.
+            report.listeners.open[l.metric] += match &l.kind {
+                Kind::Udp => l.sockets.len() as u64,
+                Kind::Dtls { sessions, .. } => sessions.len() as u64,
+                Kind::Tcp | Kind::Tls(_) => l.conns,
+            };
         }
         if let Ok(mut published) = stats.report.lock() {
             *published = report;
@@ -552,7 +1100,15 @@ impl<D: Driver> Shard<D> {
         let desired: Vec<&ListenerSpec> = snap
             .listeners
             .iter()
-            .filter(|l| l.protocol == ListenerProtocol::TurnUdp)
+            .filter(|l| {
+                matches!(
+                    l.protocol,
+                    ListenerProtocol::TurnUdp
+                        | ListenerProtocol::TurnTcp
+                        | ListenerProtocol::TurnTls
+                        | ListenerProtocol::TurnDtls
+                )
+            })
             .collect();
         let removed: Vec<(ListenerId, String)> = self
             .listeners
@@ -561,14 +1117,47 @@ impl<D: Driver> Shard<D> {
             .map(|running| (running.id, running.spec.name.clone()))
             .collect();
         for (id, name) in removed {
+            let conns: Vec<u32> = self
+                .conns
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.as_ref().is_some_and(|c| c.listener == id))
+                .map(|(slot, _)| slot as u32)
+                .collect();
+            for slot in conns {
+                self.close_conn(slot, None);
+            }
             self.engine.close_listener(id);
             self.close_relays();
             self.listeners.retain(|l| l.id != id);
             tracing::info!(target: "stunner", "listener {name:?} closed on shard {}", self.index);
         }
-        let count = listener_sockets_on_shard(setup.udp_thread_num, setup.shards, setup.index);
+        let datagram_sockets =
+            listener_sockets_on_shard(setup.udp_thread_num, setup.shards, setup.index);
         for spec in desired {
-            if count == 0 || self.listeners.iter().any(|l| l.spec == *spec) {
+            if self.listeners.iter().any(|l| l.spec == *spec) {
+                continue;
+            }
+            let kind = match listener_kind(spec) {
+                Ok(kind) => kind,
+                Err(why) => {
+                    tracing::error!(
+                        target: "stunner",
+                        "cannot open listener {:?} ({}): {why}",
+                        spec.name,
+                        spec.protocol.as_str()
+                    );
+                    continue;
+                }
+            };
+            // Every shard accepts on its own stream socket; datagram sockets follow
+            // --udp-thread-num.
+            let (count, interest) = if kind.is_stream() {
+                (1, Interest::Accept)
+            } else {
+                (datagram_sockets, Interest::Datagrams)
+            };
+            if count == 0 {
                 continue;
             }
             self.next_listener_id += 1;
@@ -576,9 +1165,16 @@ impl<D: Driver> Shard<D> {
             let mut sockets = Vec::new();
             let mut local_addr = None;
             for n in 0..count {
-                let opened = listener_socket(spec.port).and_then(|socket| {
+                let socket = if kind.is_stream() {
+                    stream_listener_socket(spec.port)
+                } else {
+                    listener_socket(spec.port)
+                };
+                let opened = socket.and_then(|socket| {
                     let local = socket.local_addr()?.as_socket();
-                    let watched = self.driver.watch(socket, Token::Listener(id, n as u16))?;
+                    let watched =
+                        self.driver
+                            .watch(socket, Token::Listener(id, n as u16), interest)?;
                     Ok((local, watched))
                 });
                 match opened {
@@ -588,8 +1184,9 @@ impl<D: Driver> Shard<D> {
                     }
                     Err(e) => tracing::error!(
                         target: "stunner",
-                        "cannot open listener {:?} on UDP port {}: {e}",
+                        "cannot open listener {:?} on {} port {}: {e}",
                         spec.name,
+                        if kind.is_stream() { "TCP" } else { "UDP" },
                         spec.port
                     ),
                 }
@@ -600,21 +1197,45 @@ impl<D: Driver> Shard<D> {
             let metric = self.counters.listeners.slot(&spec.name);
             tracing::info!(
                 target: "stunner",
-                "listener {:?} (TURN-UDP, port {}, relay address {}) serving on shard {} with {} socket(s)",
+                "listener {:?} ({}, port {}, relay address {}) serving on shard {} with {} socket(s)",
                 spec.name,
+                spec.protocol.as_str(),
                 spec.port,
                 spec.advertised_ip,
                 setup.index,
                 sockets.len()
             );
-            self.counters.listeners.opened[metric] += sockets.len() as u64;
+            if !kind.is_stream() {
+                self.counters.listeners.opened[metric] += sockets.len() as u64;
+            }
             self.listeners.push(RunningListener {
                 id,
                 metric,
                 spec: spec.clone(),
                 local_addr,
                 sockets,
+                kind,
+                conns: 0,
             });
         }
     }
+}
+
+/// What a listener spec needs to run: for TLS and DTLS, its certificate and key.
+fn listener_kind(spec: &ListenerSpec) -> Result<Kind, String> {
+    let pem = |what: &str, value: &str| {
+        tls::decode_pem(value).map_err(|e| format!("listener {:?}: {what} is {e}", spec.name))
+    };
+    Ok(match spec.protocol {
+        ListenerProtocol::TurnTcp => Kind::Tcp,
+        ListenerProtocol::TurnTls => Kind::Tls(tls::server_config(
+            &pem("cert", &spec.tls.cert)?,
+            &pem("key", &spec.tls.key)?,
+        )?),
+        ListenerProtocol::TurnDtls => Kind::Dtls {
+            context: dtls::context(&pem("cert", &spec.tls.cert)?, &pem("key", &spec.tls.key)?)?,
+            sessions: HashMap::with_hasher(RandomState::default()),
+        },
+        _ => Kind::Udp,
+    })
 }

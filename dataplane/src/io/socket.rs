@@ -26,6 +26,39 @@ pub fn listener_socket(port: u16) -> io::Result<Socket> {
     }
 }
 
+/// A bound, listening, non-blocking TCP socket for a TURN-TCP or TURN-TLS listener on
+/// `port`: dual-stack `[::]:port` where the host has IPv6, else `0.0.0.0:port`; SO_REUSEPORT,
+/// so every shard accepts on its own socket and the kernel spreads connections over them.
+pub fn stream_listener_socket(port: u16) -> io::Result<Socket> {
+    let bind = |addr: SocketAddr| -> io::Result<Socket> {
+        let domain = if addr.is_ipv4() {
+            Domain::IPV4
+        } else {
+            Domain::IPV6
+        };
+        let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+        if addr.is_ipv6() {
+            socket.set_only_v6(false)?;
+        }
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        Ok(socket)
+    };
+    bind(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port))
+        .or_else(|_| bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)))
+}
+
+/// Makes an accepted TCP connection ready for the shard: non-blocking, no Nagle delay (media
+/// frames go out as they come).
+pub fn prepare_stream(socket: &Socket) -> io::Result<()> {
+    socket.set_nonblocking(true)?;
+    socket.set_nodelay(true)?;
+    Ok(())
+}
+
 /// A relay socket as `request` asks: wildcard of its family, kernel-chosen port (even if asked),
 /// DF set for IPv4 when asked.
 pub fn relay_socket(request: &RelayRequest) -> io::Result<(Socket, u16)> {

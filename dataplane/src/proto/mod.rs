@@ -1044,6 +1044,19 @@ impl Engine {
         }
     }
 
+    /// Drops the allocation of `client` on `listener`, if any: its stream connection (TCP,
+    /// TLS) or DTLS session closed (RFC 8656 §3.1: the allocation lives no longer).
+    pub fn close_client(&mut self, listener: ListenerId, client: SocketAddr) {
+        if let Some(&slot) = self.by_client.get(&ClientKey { listener, client }) {
+            self.delete_allocation(slot);
+        }
+    }
+
+    /// Whether `client` holds an allocation on `listener`.
+    pub fn has_allocation(&self, listener: ListenerId, client: SocketAddr) -> bool {
+        self.by_client.contains_key(&ClientKey { listener, client })
+    }
+
     /// The next relay socket the shell must close.
     pub fn poll_close(&mut self) -> Option<RelayId> {
         self.closes.pop()

@@ -3,6 +3,7 @@
 mod logging;
 
 use arc_swap::ArcSwap;
+use base64::Engine as _;
 use clap::Parser;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -165,7 +166,15 @@ fn instance_id(cli: &Cli) -> String {
 /// Where the config comes from: the first one, and what to follow afterwards.
 fn initial_config(cli: &Cli, id: &str) -> Result<(StunnerConfig, Source, &'static str), String> {
     if let Some(uri) = &cli.turn_uri {
-        let config = StunnerConfig::from_turn_uri(uri).map_err(|e| e.to_string())?;
+        let mut config = StunnerConfig::from_turn_uri(uri).map_err(|e| e.to_string())?;
+        // A TLS/DTLS listener from a TURN URI gets a fresh self-signed certificate.
+        for listener in &mut config.listeners {
+            if listener.protocol.needs_cert() && listener.cert.is_empty() {
+                let (cert, key) = uturn_dataplane::io::tls::self_signed(&listener.address)?;
+                listener.cert = base64::engine::general_purpose::STANDARD.encode(cert);
+                listener.key = base64::engine::general_purpose::STANDARD.encode(key);
+            }
+        }
         return Ok((config, Source::Fixed, "TURN-URI"));
     }
     let node = std::env::var("STUNNER_NODENAME").ok();
@@ -189,9 +198,27 @@ fn initial_config(cli: &Cli, id: &str) -> Result<(StunnerConfig, Source, &'stati
     Ok((StunnerConfig::zero(id), source, "watch"))
 }
 
+/// Raises the open-file limit to its hard maximum: every TCP/TLS client and every allocation
+/// holds a socket, and the usual soft limit (1024) is far below what a gateway serves.
+fn raise_fd_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // Before any thread exists, so that every thread inherits the mask.
     let _ = SHUTDOWN_SIGNALS.set(block_shutdown_signals());
+    raise_fd_limit();
     let cli = Cli::parse();
     let cli_log = cli
         .log
@@ -236,10 +263,11 @@ fn main() -> ExitCode {
         }
     }
     for l in &config.listeners {
-        if l.protocol != uturn_shared::config::ListenerProtocol::TurnUdp {
+        if !l.protocol.as_str().starts_with("TURN-") {
             tracing::warn!(
                 target: "stunnerd",
-                "listener {:?}: protocol {} is not served yet by uturn (only TURN-UDP)",
+                "listener {:?}: protocol {} is not served (as in stunnerd, only TURN-UDP, \
+                 TURN-TCP, TURN-TLS and TURN-DTLS are): use the TURN- form",
                 l.name,
                 l.protocol.as_str()
             );

@@ -90,8 +90,13 @@ fn turnutils_peer(port: u16) -> Proc {
 
 /// Runs `turnutils_uclient` and returns (messages sent, messages received, output).
 fn uclient(args: &[&str]) -> (u64, u64, String) {
+    uclient_for(60, args)
+}
+
+/// As [`uclient`], given up after `secs` seconds.
+fn uclient_for(secs: u32, args: &[&str]) -> (u64, u64, String) {
     let output = Command::new("timeout")
-        .arg("60")
+        .arg(secs.to_string())
         .arg("turnutils_uclient")
         .args(args)
         .output()
@@ -135,6 +140,11 @@ fn setup(auth: &str) -> Setup {
 }
 
 fn relay_all(s: &Setup, extra: &[&str], creds: &[&str]) {
+    relay_through(60, &s.port, &s.peer_port, extra, creds);
+}
+
+/// uclient through listener `port` to the peer on `peer_port`: everything sent comes back.
+fn relay_through(secs: u32, port: &str, peer_port: &str, extra: &[&str], creds: &[&str]) {
     let mut args = vec![
         "-c",
         "-n",
@@ -142,16 +152,16 @@ fn relay_all(s: &Setup, extra: &[&str], creds: &[&str]) {
         "-l",
         "120",
         "-p",
-        &s.port,
+        port,
         "-e",
         "127.0.0.1",
         "-r",
-        &s.peer_port,
+        peer_port,
     ];
     args.extend_from_slice(creds);
     args.extend_from_slice(extra);
     args.push("127.0.0.1");
-    let (sent, received, text) = uclient(&args);
+    let (sent, received, text) = uclient_for(secs, &args);
     assert!(sent > 0, "nothing sent:\n{text}");
     assert_eq!(received, sent, "lost datagrams:\n{text}");
 }
@@ -369,4 +379,215 @@ fn udp_thread_num_spreads_64_clients_over_two_shards() {
         zero > 0 && one > 0,
         "all allocations on one shard: {zero}/{one}"
     );
+}
+
+// TURN over TCP, TLS and DTLS: the same uclient runs through each listener kind.
+
+fn free_stream_port() -> u16 {
+    loop {
+        let port = free_udp_port();
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// A fresh certificate and key as a config carries them (base64 PEM).
+fn test_certificate() -> (String, String) {
+    use base64::Engine as _;
+    let (cert, key) = uturn_dataplane::io::tls::self_signed("127.0.0.1").unwrap();
+    let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+    (encode(&cert), encode(&key))
+}
+
+const CREDS: [&str; 4] = ["-u", "user1", "-w", "pa$$w0rd"];
+
+/// uclient picks TLS 1.0, 1.1, 1.2 or "any" at random per connection and retries refused
+/// ones (TLS 1.0 and 1.1 are refused) about 10 s later: give TLS runs room.
+const TLS_SECS: u32 = 170;
+
+struct Streams {
+    server: Proc,
+    _peer: Proc,
+    _config: tempfile_path::Path,
+    tcp: String,
+    /// TURN-TLS on TCP and TURN-DTLS on UDP share this port.
+    secure: String,
+    peer_port: String,
+}
+
+fn streams_setup(shards: &str) -> Streams {
+    let (cert, key) = test_certificate();
+    let (tcp, secure, peer_port) = (free_stream_port(), free_stream_port(), free_udp_port());
+    let text = format!(
+        "version: v1\nadmin: {{healthcheck_endpoint: \"\"}}\nauth: {STATIC}\nlisteners:\n\
+         - {{name: tcp, protocol: TURN-TCP, address: 127.0.0.1, port: {tcp}, routes: [media]}}\n\
+         - {{name: tls, protocol: TURN-TLS, address: 127.0.0.1, port: {secure}, routes: [media], cert: \"{cert}\", key: \"{key}\"}}\n\
+         - {{name: dtls, protocol: TURN-DTLS, address: 127.0.0.1, port: {secure}, routes: [media], cert: \"{cert}\", key: \"{key}\"}}\n\
+         clusters: [{{name: media, endpoints: [\"127.0.0.1\"]}}]\n"
+    );
+    let config = tempfile_path::Path::new(&text);
+    let server = stunnerd(&["-c", &config.origin()], shards);
+    Streams {
+        server,
+        _peer: turnutils_peer(peer_port),
+        _config: config,
+        tcp: tcp.to_string(),
+        secure: secure.to_string(),
+        peer_port: peer_port.to_string(),
+    }
+}
+
+#[test]
+fn uclient_over_tcp_with_channels() {
+    let s = streams_setup("2");
+    relay_through(60, &s.tcp, &s.peer_port, &["-t", "-m", "2"], &CREDS);
+}
+
+#[test]
+fn uclient_over_tcp_with_send_indications() {
+    let s = streams_setup("2");
+    relay_through(60, &s.tcp, &s.peer_port, &["-t", "-s"], &CREDS);
+}
+
+#[test]
+fn uclient_over_tls_with_channels() {
+    let s = streams_setup("2");
+    relay_through(TLS_SECS, &s.secure, &s.peer_port, &["-t", "-S"], &CREDS);
+}
+
+#[test]
+fn uclient_over_tls_with_send_indications() {
+    let s = streams_setup("2");
+    relay_through(
+        TLS_SECS,
+        &s.secure,
+        &s.peer_port,
+        &["-t", "-S", "-s"],
+        &CREDS,
+    );
+}
+
+#[test]
+fn uclient_over_dtls_with_channels() {
+    let s = streams_setup("2");
+    relay_through(60, &s.secure, &s.peer_port, &["-S", "-m", "2"], &CREDS);
+}
+
+#[test]
+fn uclient_over_dtls_with_send_indications() {
+    let s = streams_setup("2");
+    relay_through(60, &s.secure, &s.peer_port, &["-S", "-s"], &CREDS);
+}
+
+/// A TLS 1.0 ClientHello (no supported_versions extension, TLS 1.0 ciphers).
+fn tls10_client_hello() -> Vec<u8> {
+    let mut body = vec![0x03, 0x01];
+    body.extend([7u8; 32]);
+    body.push(0);
+    body.extend([0x00, 0x04, 0x00, 0x2f, 0x00, 0x35, 0x01, 0x00]);
+    let mut handshake = vec![0x01, 0x00, 0x00, body.len() as u8];
+    handshake.extend(body);
+    let mut record = vec![0x16, 0x03, 0x01, 0x00, handshake.len() as u8];
+    record.extend(handshake);
+    record
+}
+
+/// What `openssl s_client` with `version_flag` reports about a handshake with `port`.
+fn s_client(port: &str, version_flag: &str) -> String {
+    let output = Command::new("timeout")
+        .args(["10", "openssl", "s_client", "-brief", version_flag])
+        .arg(format!("127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("openssl (apt-get install openssl)");
+    String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr)
+}
+
+#[test]
+fn tls_speaks_1_2_and_1_3_and_refuses_1_0() {
+    use std::io::Write;
+    let s = streams_setup("1");
+    for (flag, version) in [("-tls1_2", "TLSv1.2"), ("-tls1_3", "TLSv1.3")] {
+        let out = s_client(&s.secure, flag);
+        assert!(
+            out.contains(&format!("Protocol version: {version}")),
+            "{flag}:\n{out}"
+        );
+    }
+    let mut conn = std::net::TcpStream::connect(format!("127.0.0.1:{}", s.secure)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    conn.write_all(&tls10_client_hello()).unwrap();
+    let mut reply = Vec::new();
+    // The server answers with an alert (never a ServerHello) and closes the connection.
+    let closed = conn.read_to_end(&mut reply).is_ok();
+    assert!(closed, "connection left open after a TLS 1.0 hello");
+    assert_eq!(reply.first(), Some(&0x15), "not an alert: {reply:02x?}");
+}
+
+#[test]
+fn tls_and_dtls_listeners_without_a_certificate_are_config_errors_naming_them() {
+    for protocol in ["TURN-TLS", "TURN-DTLS"] {
+        let port = free_stream_port();
+        let text = format!(
+            "version: v1\nadmin: {{healthcheck_endpoint: \"\"}}\nauth: {STATIC}\nlisteners:\n\
+             - {{name: secure-media, protocol: {protocol}, address: 127.0.0.1, port: {port}, routes: [media]}}\n\
+             clusters: [{{name: media, endpoints: [\"127.0.0.1\"]}}]\n"
+        );
+        let config = tempfile_path::Path::new(&text);
+        let output = Command::new("timeout")
+            .args(["10", env!("CARGO_BIN_EXE_stunnerd"), "-c", &config.origin()])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{protocol}: {stderr}");
+        assert!(
+            stderr.contains("listeners[0].cert") && stderr.contains("\"secure-media\""),
+            "{protocol}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn turns_uri_listeners_get_a_self_signed_certificate() {
+    let peer_port = free_udp_port();
+    let _peer = turnutils_peer(peer_port);
+    let peer_port = peer_port.to_string();
+    for (transport, flags) in [("tcp", &["-t", "-S"][..]), ("udp", &["-S"][..])] {
+        let port = free_stream_port();
+        let uri = format!("turns://user1:pass1@127.0.0.1:{port}?transport={transport}");
+        let _server = stunnerd(&[&uri], "1");
+        relay_through(
+            TLS_SECS,
+            &port.to_string(),
+            &peer_port,
+            flags,
+            &["-u", "user1", "-w", "pass1"],
+        );
+    }
+}
+
+#[test]
+fn stalled_and_idle_stream_clients_leave_other_relays_unaffected() {
+    use std::io::Write;
+    // One shard: every client below shares it with the relays under test.
+    let s = streams_setup("1");
+    let tcp = format!("127.0.0.1:{}", s.tcp);
+    // Half a STUN message (the header promises 100 bytes), then silence.
+    let mut stalled = std::net::TcpStream::connect(&tcp).unwrap();
+    stalled
+        .write_all(&[0x00, 0x03, 0x00, 0x64, 0x21, 0x12, 0xa4, 0x42, 1, 2, 3, 4])
+        .unwrap();
+    // Half a TLS record on the TLS listener.
+    let mut stalled_tls = std::net::TcpStream::connect(format!("127.0.0.1:{}", s.secure)).unwrap();
+    stalled_tls.write_all(&tls10_client_hello()[..9]).unwrap();
+    // 500 connections that never send anything.
+    let idle: Vec<std::net::TcpStream> = (0..500)
+        .map(|_| std::net::TcpStream::connect(&tcp).unwrap())
+        .collect();
+    relay_through(60, &s.tcp, &s.peer_port, &["-t", "-m", "4"], &CREDS);
+    relay_through(60, &s.secure, &s.peer_port, &["-S", "-m", "4"], &CREDS);
+    drop((stalled, stalled_tls, idle));
+    let log = s.server.stdout();
+    assert!(!log.contains("panicked"), "{log}");
 }

@@ -164,10 +164,17 @@ impl StunnerConfig {
 
             if listener.protocol.needs_cert() && require_cert {
                 let protocol = listener.protocol.as_str();
-                check_pem(&listener.cert, "CERTIFICATE", protocol, "cert")
-                    .map_err(|(value, why)| ConfigError::new(field("cert"), value, why))?;
-                check_pem(&listener.key, "PRIVATE KEY", protocol, "key")
-                    .map_err(|(value, why)| ConfigError::new(field("key"), value, why))?;
+                let name = &listener.name;
+                check_pem(&listener.cert, "CERTIFICATE", protocol, "cert").map_err(
+                    |(value, why)| {
+                        ConfigError::new(field("cert"), value, format!("listener {name:?}: {why}"))
+                    },
+                )?;
+                check_pem(&listener.key, "PRIVATE KEY", protocol, "key").map_err(
+                    |(value, why)| {
+                        ConfigError::new(field("key"), value, format!("listener {name:?}: {why}"))
+                    },
+                )?;
             }
 
             listener.routes.sort();

@@ -1,0 +1,293 @@
+//! One TURN-TCP or TURN-TLS connection as a shard holds it: bounded receive and send buffers,
+//! RFC 8656 §12.5 framing, and (for TLS) a rustls server session driven without blocking.
+//! Nothing here waits: a read takes what the socket has, a write leaves the rest queued, and a
+//! client that stops reading only fills its own bounded queue.
+
+use rustls::ServerConnection;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+use uturn_shared::framing::{frame_len, padded, FrameError, MAX_FRAME};
+
+use crate::proto::ListenerId;
+
+/// Bytes read from the socket per `recv`.
+const READ_CHUNK: usize = 16 << 10;
+/// `recv`s per readiness report, so one busy connection cannot hold the shard.
+const READ_ROUNDS: usize = 8;
+/// Bytes queued for one client (after TLS) beyond which datagrams for it are dropped.
+pub(super) const SEND_LIMIT: usize = 256 << 10;
+/// A TLS handshake must finish within this (as stunnerd).
+pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Closed {
+    /// The client closed it.
+    Eof,
+    /// A socket error.
+    Error,
+    /// Bytes that are not STUN or ChannelData.
+    Framing(FrameError),
+    /// The TLS session failed (bad record, refused version, ...).
+    Tls,
+}
+
+pub(super) struct Conn<W> {
+    pub fd: RawFd,
+    _watch: W,
+    /// Bumped each time the slot is reused, so a stale readiness report is ignored.
+    pub generation: u16,
+    pub listener: ListenerId,
+    /// Listener counter slot.
+    pub metric: usize,
+    pub client: SocketAddr,
+    tls: Option<Box<ServerConnection>>,
+    /// Plaintext received and not yet handled.
+    rx: Rx,
+    /// Bytes for the socket (ciphertext for TLS); `tx[tx_start..]` is pending.
+    tx: Vec<u8>,
+    tx_start: usize,
+    /// Until when the TLS handshake may run.
+    pub handshake_deadline: Option<Instant>,
+    /// Whether the shard has it on its list of connections to flush.
+    pub dirty: bool,
+    /// Whether the engine was asked to report it writable.
+    pub want_write: bool,
+}
+
+impl<W> Conn<W> {
+    pub fn new(
+        fd: RawFd,
+        watch: W,
+        generation: u16,
+        listener: ListenerId,
+        metric: usize,
+        client: SocketAddr,
+        tls: Option<Box<ServerConnection>>,
+    ) -> Conn<W> {
+        let now = Instant::now();
+        Conn {
+            fd,
+            _watch: watch,
+            generation,
+            listener,
+            metric,
+            client,
+            handshake_deadline: tls.as_ref().map(|_| now + HANDSHAKE_TIMEOUT),
+            tls,
+            rx: Rx::default(),
+            tx: Vec::new(),
+            tx_start: 0,
+            dirty: false,
+            want_write: false,
+        }
+    }
+
+    /// Reads what the socket has (at most [`READ_ROUNDS`] chunks, and never more than one
+    /// frame's worth of unhandled plaintext), decrypting TLS. `Ok(n)`: bytes read from the
+    /// socket; call [`Conn::next_frame`] until it gives `None`, then read again if `n` was
+    /// large.
+    pub fn read(&mut self, scratch: &mut [u8]) -> Result<usize, Closed> {
+        let mut total = 0;
+        for _ in 0..READ_ROUNDS {
+            if self.rx.pending() >= MAX_FRAME {
+                break;
+            }
+            let chunk = READ_CHUNK.min(scratch.len());
+            let n = recv(self.fd, &mut scratch[..chunk])?;
+            let Some(n) = n else { break };
+            if n == 0 {
+                return Err(Closed::Eof);
+            }
+            total += n;
+            match self.tls.as_deref_mut() {
+                None => self.rx.buf.extend_from_slice(&scratch[..n]),
+                Some(tls) => {
+                    let mut input = &scratch[..n];
+                    while !input.is_empty() {
+                        tls.read_tls(&mut input).map_err(|_| Closed::Tls)?;
+                        let state = tls.process_new_packets();
+                        // Whatever rustls wants to say (an alert, handshake records) goes out
+                        // even when the session failed.
+                        drain_tls(tls, &mut self.tx);
+                        if let Err(e) = state {
+                            tracing::debug!(target: "stunner", "TLS session of {} failed: {e}", self.client);
+                            let _ = self.flush();
+                            return Err(Closed::Tls);
+                        }
+                        read_plaintext(tls, &mut self.rx.buf)?;
+                    }
+                    if !tls.is_handshaking() {
+                        self.handshake_deadline = None;
+                    }
+                }
+            }
+            if n < READ_CHUNK {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// The receive buffer, to take the frames out of while the shard handles them (give it
+    /// back with [`Conn::restore_rx`]).
+    pub fn take_rx(&mut self) -> Rx {
+        std::mem::take(&mut self.rx)
+    }
+
+    /// Puts back the buffer [`Conn::take_rx`] lent.
+    pub fn restore_rx(&mut self, rx: Rx) {
+        self.rx = rx;
+    }
+
+    /// Queues one frame for the client, `bytes` followed by zeros up to `padded_len`. `false`
+    /// (nothing queued) when the client is too far behind.
+    pub fn queue(&mut self, bytes: &[u8], padded_len: usize) -> bool {
+        if self.tx.len() - self.tx_start + padded_len > SEND_LIMIT {
+            return false;
+        }
+        let pad = padded_len.saturating_sub(bytes.len());
+        match self.tls.as_deref_mut() {
+            None => {
+                self.tx.extend_from_slice(bytes);
+                self.tx.extend(std::iter::repeat_n(0u8, pad));
+            }
+            Some(tls) => {
+                let mut writer = tls.writer();
+                if writer.write_all(bytes).is_err() || writer.write_all(&[0u8; 3][..pad]).is_err() {
+                    return false;
+                }
+                drain_tls(tls, &mut self.tx);
+            }
+        }
+        true
+    }
+
+    /// Writes what is queued. `Ok(true)` when nothing is left.
+    pub fn flush(&mut self) -> Result<bool, Closed> {
+        while self.tx_start < self.tx.len() {
+            match send(self.fd, &self.tx[self.tx_start..])? {
+                Some(n) => self.tx_start += n,
+                None => return Ok(false),
+            }
+        }
+        self.tx.clear();
+        self.tx_start = 0;
+        Ok(true)
+    }
+
+    /// Bytes waiting for the socket.
+    pub fn pending(&self) -> usize {
+        self.tx.len() - self.tx_start
+    }
+}
+
+/// Received plaintext: `buf[start..]` is not handled yet.
+#[derive(Default)]
+pub(super) struct Rx {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl Rx {
+    fn pending(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// The next complete frame, as a range of [`Rx::bytes`].
+    pub fn next_frame(&mut self) -> Result<Option<Range<usize>>, Closed> {
+        let pending = &self.buf[self.start..];
+        match frame_len(pending) {
+            Err(e) => Err(Closed::Framing(e)),
+            Ok(Some(n)) if n <= pending.len() => {
+                let range = self.start..self.start + n;
+                self.start += n;
+                Ok(Some(range))
+            }
+            Ok(_) => {
+                // Keep only the incomplete frame.
+                self.buf.drain(..self.start);
+                self.start = 0;
+                Ok(None)
+            }
+        }
+    }
+
+    /// What the ranges [`Rx::next_frame`] gives index.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+/// Moves rustls's outgoing records into `tx`.
+fn drain_tls(tls: &mut ServerConnection, tx: &mut Vec<u8>) {
+    while tls.wants_write() {
+        if tls.write_tls(tx).is_err() {
+            break;
+        }
+    }
+}
+
+/// Moves decrypted plaintext into `rx`.
+fn read_plaintext(tls: &mut ServerConnection, rx: &mut Vec<u8>) -> Result<(), Closed> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        match tls.reader().read(&mut chunk) {
+            Ok(0) => return Ok(()),
+            Ok(n) => rx.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(_) => return Err(Closed::Tls),
+        }
+    }
+}
+
+/// One non-blocking `recv`: `Ok(None)` when nothing is waiting.
+fn recv(fd: RawFd, buf: &mut [u8]) -> Result<Option<usize>, Closed> {
+    loop {
+        // SAFETY: `buf` is valid for writes of its length; MSG_DONTWAIT never blocks.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        match io::Error::last_os_error().kind() {
+            io::ErrorKind::WouldBlock => return Ok(None),
+            io::ErrorKind::Interrupted => continue,
+            _ => return Err(Closed::Error),
+        }
+    }
+}
+
+/// One non-blocking `send`: `Ok(None)` when the socket buffer is full.
+fn send(fd: RawFd, data: &[u8]) -> Result<Option<usize>, Closed> {
+    loop {
+        // SAFETY: `data` is valid for reads of its length; MSG_NOSIGNAL: a closed peer is an
+        // error, not a signal.
+        let n = unsafe {
+            libc::send(
+                fd,
+                data.as_ptr().cast(),
+                data.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        match io::Error::last_os_error().kind() {
+            io::ErrorKind::WouldBlock => return Ok(None),
+            io::ErrorKind::Interrupted => continue,
+            _ => return Err(Closed::Error),
+        }
+    }
+}
+
+/// A frame's length on the wire to a stream client: ChannelData is padded to 4 bytes.
+pub(super) fn stream_len(frame: &[u8]) -> usize {
+    match frame.first().map(|b| b >> 6) {
+        Some(0b01) => padded(frame.len()),
+        _ => frame.len(),
+    }
+}
