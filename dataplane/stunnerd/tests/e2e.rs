@@ -591,3 +591,151 @@ fn stalled_and_idle_stream_clients_leave_other_relays_unaffected() {
     let log = s.server.stdout();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// A TURN client over one TCP connection, written from RFC 8656 with `stun-proto` alone:
+/// allocates with long-term credentials and permits one peer.
+struct TcpTurnClient {
+    conn: std::net::TcpStream,
+    realm: String,
+    nonce: String,
+}
+
+impl TcpTurnClient {
+    fn request(
+        &mut self,
+        method: stun_proto::types::message::Method,
+        attrs: &dyn Fn(
+            &mut stun_proto::types::message::MessageWriteVec,
+            stun_proto::types::message::TransactionId,
+        ),
+    ) -> Vec<u8> {
+        use std::io::Write;
+        use stun_proto::types::attribute::{Nonce, Realm, Username};
+        use stun_proto::types::message::*;
+        let txid = TransactionId::generate();
+        let mut msg = Message::builder(
+            MessageType::from_class_method(MessageClass::Request, method),
+            txid,
+            MessageWriteVec::new(),
+        );
+        attrs(&mut msg, txid);
+        if !self.nonce.is_empty() {
+            msg.add_attribute(&Username::new("user1").unwrap()).unwrap();
+            msg.add_attribute(&Realm::new(&self.realm).unwrap())
+                .unwrap();
+            msg.add_attribute(&Nonce::new(&self.nonce).unwrap())
+                .unwrap();
+            let key: MessageIntegrityCredentials =
+                LongTermKeyCredentials::new("user1".into(), "pa$$w0rd".into(), self.realm.clone())
+                    .into();
+            msg.add_message_integrity(&key, IntegrityAlgorithm::Sha1)
+                .unwrap();
+        }
+        self.conn.write_all(&msg.finish()).unwrap();
+        let mut header = [0u8; 20];
+        self.conn.read_exact(&mut header).unwrap();
+        let mut reply = header.to_vec();
+        reply.resize(
+            20 + usize::from(u16::from_be_bytes([header[2], header[3]])),
+            0,
+        );
+        self.conn.read_exact(&mut reply[20..]).unwrap();
+        reply
+    }
+
+    /// Connects, allocates and permits `peer`; returns the client and its relay address.
+    fn allocate(server: &str, peer: std::net::SocketAddr) -> (TcpTurnClient, std::net::SocketAddr) {
+        use stun_proto::types::attribute::{Nonce, Realm};
+        use stun_proto::types::message::{Message, MessageClass, MessageWriteExt};
+        use turn_types::attribute::{RequestedTransport, XorPeerAddress, XorRelayedAddress};
+        use turn_types::message::{ALLOCATE, CREATE_PERMISSION};
+        let conn = std::net::TcpStream::connect(server).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut client = TcpTurnClient {
+            conn,
+            realm: String::new(),
+            nonce: String::new(),
+        };
+        let udp = |m: &mut stun_proto::types::message::MessageWriteVec, _| {
+            m.add_attribute(&RequestedTransport::new(17)).unwrap();
+        };
+        let challenge = client.request(ALLOCATE, &udp);
+        let challenge = Message::from_bytes(&challenge).unwrap();
+        client.realm = challenge.attribute::<Realm>().unwrap().realm().to_owned();
+        client.nonce = challenge.attribute::<Nonce>().unwrap().nonce().to_owned();
+        let reply = client.request(ALLOCATE, &udp);
+        let reply = Message::from_bytes(&reply).unwrap();
+        assert_eq!(reply.class(), MessageClass::Success);
+        let relay = reply
+            .attribute::<XorRelayedAddress>()
+            .unwrap()
+            .addr(reply.transaction_id());
+        let permit = move |m: &mut stun_proto::types::message::MessageWriteVec, txid| {
+            m.add_attribute(&XorPeerAddress::new(peer, txid)).unwrap();
+        };
+        let reply = client.request(CREATE_PERMISSION, &permit);
+        assert_eq!(
+            Message::from_bytes(&reply).unwrap().class(),
+            MessageClass::Success
+        );
+        (client, relay)
+    }
+}
+
+fn metric(port: u16, line_start: &str) -> Option<f64> {
+    use std::io::Write;
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut body = String::new();
+    conn.read_to_string(&mut body).ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(line_start))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn a_client_that_stops_reading_cannot_hold_the_shard() {
+    let (tcp, peer_port, metrics) = (free_stream_port(), free_udp_port(), free_stream_port());
+    let text = format!(
+        "version: v1\nadmin: {{healthcheck_endpoint: \"\", metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
+         auth: {STATIC}\nlisteners:\n\
+         - {{name: tcp, protocol: TURN-TCP, address: 127.0.0.1, port: {tcp}, routes: [media]}}\n\
+         clusters: [{{name: media, endpoints: [\"127.0.0.1\"]}}]\n"
+    );
+    let config = tempfile_path::Path::new(&text);
+    // One shard: the slow client and the relays under test share it.
+    let _server = stunnerd(&["-c", &config.origin()], "1");
+    let _peer = turnutils_peer(peer_port);
+    let flooder = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (slow, relay) =
+        TcpTurnClient::allocate(&format!("127.0.0.1:{tcp}"), flooder.local_addr().unwrap());
+    // The peer floods the client that never reads: 40 000 × 1000 bytes, far more than the
+    // kernel's socket buffers and uturn's per-connection queue hold, paced over ~4 s.
+    let flood = std::thread::spawn(move || {
+        let data = [0x5au8; 1000];
+        for i in 0..40_000u32 {
+            let _ = flooder.send_to(&data, relay);
+            if i % 100 == 0 {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    relay_through(
+        60,
+        &tcp.to_string(),
+        &peer_port.to_string(),
+        &["-t", "-m", "4"],
+        &CREDS,
+    );
+    flood.join().unwrap();
+    let dropped = metric(
+        metrics,
+        "uturn_dropped_datagrams_total{reason=\"send_failed\"}",
+    );
+    assert!(
+        dropped.is_some_and(|n| n > 0.0),
+        "the stalled client's queue was not bounded: send_failed = {dropped:?}"
+    );
+    drop(slow);
+}
