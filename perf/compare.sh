@@ -13,9 +13,11 @@
 # highest rate with loss under MAX_LOSS percent, 1; slower), PIN (1: in 1-thread cells the
 # server runs on CPU 1 and turnperf on CPU 0, so they do not take turns on one core),
 # LATENCY=1 (after the matrix: per cell, find coturn's highest rate, then run every server at
-# half of it and compare p99), GSO=1 (turnperf sends its unpaced client batches as UDP GSO, so
-# it can outrun a fast server; every server still receives separate datagrams), OUT
-# (target/compare). Every loop is bounded by these counts;
+# half of it and compare p99), GSO=1 (turnperf sends its client batches as UDP GSO, so it can
+# outrun a fast server; every server still receives separate datagrams), BURST (1: paced runs
+# send this many datagrams per allocation back to back when due, as a video frame leaves a
+# media server), TRANSPORT (udp or tcp: the clients' transport; tcp leaves out plain, which is
+# UDP only), OUT (target/compare). Every loop is bounded by these counts;
 # every server is started and stopped by this script, by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +26,7 @@ DURATION=${DURATION:-3}
 SIZES=${SIZES:-"100 1200"}
 ALLOCS=${ALLOCS:-"64 1000"}
 THREADS=${THREADS:-"1 2"}
+SERVERS_SET=${SERVERS:-}
 SERVERS=${SERVERS:-"uturn uturn-epoll coturn pion plain"}
 RATE=${RATE:-0}
 FIND_MAX=${FIND_MAX:-0}
@@ -31,6 +34,11 @@ MAX_LOSS=${MAX_LOSS:-1}
 PIN=${PIN:-1}
 GSO=${GSO:-0}
 LATENCY=${LATENCY:-0}
+BURST=${BURST:-1}
+TRANSPORT=${TRANSPORT:-udp}
+if [ "$TRANSPORT" = tcp ] && [ -z "${SERVERS_SET:-}" ]; then
+  SERVERS=${SERVERS//plain/}
+fi
 OUT=${OUT:-target/compare}
 mkdir -p "$OUT"
 results="$OUT/results.jsonl"
@@ -83,7 +91,7 @@ start_server() {
 version: v1
 admin: {name: perf/uturn, loglevel: "all:WARN", healthcheck_endpoint: ""}
 auth: {type: static, realm: perf, credentials: {username: user1, password: pass1}}
-listeners: [{name: udp, address: 127.0.0.1, port: $port, routes: [peers]}]
+listeners: [{name: $TRANSPORT, protocol: TURN-${TRANSPORT^^}, address: 127.0.0.1, port: $port, routes: [peers]}]
 clusters: [{name: peers, endpoints: [127.0.0.1]}]
 EOF
       UTURN_SHARDS=$threads "${server_cpu[@]}" target/release/stunnerd -u "$threads" \
@@ -129,9 +137,10 @@ measure() {
   stop_server
 }
 
-find=()
-[ "$FIND_MAX" = 1 ] && find=(--find-max --max-loss "$MAX_LOSS")
-[ "$GSO" = 1 ] && find+=(--gso)
+opts=(--transport "$TRANSPORT" --burst "$BURST")
+[ "$GSO" = 1 ] && opts+=(--gso)
+find=("${opts[@]}")
+[ "$FIND_MAX" = 1 ] && find+=(--find-max --max-loss "$MAX_LOSS")
 run=0
 total=$(( REPS * $(wc -w <<<"$THREADS") * $(wc -w <<<"$SIZES") * $(wc -w <<<"$ALLOCS") * $(wc -w <<<"$SERVERS") ))
 for rep in $(seq 1 "$REPS"); do
@@ -159,7 +168,7 @@ if [ "$LATENCY" = 1 ]; then
         start_server coturn "$threads" "$port"
         echo "[latency] coturn's highest rate: threads=$threads size=$size allocations=$allocs" >&2
         max=$("${client_cpu[@]}" target/release/turnperf "127.0.0.1:$port" -n "$allocs" -s "$size" \
-          -d "$DURATION" --find-max --max-loss "$MAX_LOSS" --json -q \
+          -d "$DURATION" --find-max --max-loss "$MAX_LOSS" "${opts[@]}" --json -q \
           | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["report"]["up"]["pps"]))')
         stop_server
         per_alloc=$(( max / 2 / allocs ))
@@ -168,7 +177,7 @@ if [ "$LATENCY" = 1 ]; then
           for name in $SERVERS; do
             echo "[latency] $name at $((per_alloc * allocs)) pkt/s (coturn max $max) rep=$rep" >&2
             measure "$name" "$threads" "$size" "$allocs" "$per_alloc" "$latency" \
-              ",\"rep\":$rep,\"coturn_max\":$max"
+              ",\"rep\":$rep,\"coturn_max\":$max" "${opts[@]}"
           done
         done
       done

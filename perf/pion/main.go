@@ -1,5 +1,6 @@
 // pionturn: a minimal pion/turn v2 server (STUNner's dataplane is pion/turn) for
-// perf/compare.sh: static credentials, loopback relay, N SO_REUSEPORT listener sockets.
+// perf/compare.sh: static credentials, loopback relay, N SO_REUSEPORT listener sockets, and a
+// TURN-TCP listener on the same address (as STUNner's TURN-TCP listeners).
 package main
 
 import (
@@ -44,12 +45,23 @@ func main() {
 			},
 		})
 	}
+	tcp, err := net.Listen("tcp4", *listen)
+	if err != nil {
+		log.Fatalf("listen tcp: %v", err)
+	}
 	server, err := turn.NewServer(turn.ServerConfig{
 		Realm: *realm,
 		AuthHandler: func(username, realm string, src net.Addr) ([]byte, bool) {
 			return key, username == *user
 		},
 		PacketConnConfigs: conns,
+		ListenerConfigs: []turn.ListenerConfig{{
+			Listener: tcp,
+			RelayAddressGenerator: &turn.RelayAddressGeneratorStatic{
+				RelayAddress: net.ParseIP("127.0.0.1"),
+				Address:      "127.0.0.1",
+			},
+		}},
 	})
 	if err != nil {
 		log.Fatalf("server: %v", err)

@@ -1,9 +1,11 @@
-//! A minimal blocking TURN/UDP client for load tools and benchmarks: allocate (long-term
-//! auth), create permissions, bind channels; the data path is the caller's (ChannelData is a
-//! 4-byte header, see [`channel_data_header`]).
+//! A minimal blocking TURN client over UDP or TCP for load tools and benchmarks: allocate
+//! (long-term auth), create permissions, bind channels; the data path is the caller's
+//! (ChannelData is a 4-byte header, see [`channel_data_header`]; over TCP it is padded to 4
+//! bytes).
 
-use std::io;
-use std::net::{SocketAddr, UdpSocket};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 use stun_proto::types::attribute::{ErrorCode, Nonce, Realm, Username};
 use stun_proto::types::message::{
@@ -13,10 +15,74 @@ use stun_proto::types::message::{
 use turn_types::attribute::{ChannelNumber, RequestedTransport, XorPeerAddress, XorRelayedAddress};
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION};
 
+/// A client's connection to the server: a connected UDP socket, or a TCP connection (left
+/// blocking for writes; read it with `MSG_DONTWAIT`).
+pub enum Link {
+    /// TURN over UDP.
+    Udp(UdpSocket),
+    /// TURN over TCP.
+    Tcp(TcpStream),
+}
+
+impl Link {
+    /// Sends one datagram (UDP) or writes all of `data` (TCP).
+    pub fn send(&self, data: &[u8]) -> io::Result<usize> {
+        match self {
+            Link::Udp(s) => s.send(data),
+            Link::Tcp(s) => (&*s).write_all(data).map(|()| data.len()),
+        }
+    }
+
+    /// Non-blocking UDP; TCP stays blocking (its readers pass `MSG_DONTWAIT`).
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Link::Udp(s) => s.set_nonblocking(on),
+            Link::Tcp(_) => Ok(()),
+        }
+    }
+
+    /// Whether this is a byte stream (frames need [`uturn_shared::framing::frame_len`]).
+    pub fn is_stream(&self) -> bool {
+        matches!(self, Link::Tcp(_))
+    }
+
+    /// One whole STUN message from the server (during setup, nothing else arrives).
+    fn recv_message(&self) -> io::Result<Vec<u8>> {
+        match self {
+            Link::Udp(s) => {
+                let mut buf = vec![0u8; 2048];
+                let n = s.recv(&mut buf)?;
+                buf.truncate(n);
+                Ok(buf)
+            }
+            Link::Tcp(s) => {
+                let mut header = [0u8; 20];
+                (&*s).read_exact(&mut header)?;
+                let mut message = header.to_vec();
+                message.resize(
+                    20 + usize::from(u16::from_be_bytes([header[2], header[3]])),
+                    0,
+                );
+                (&*s).read_exact(&mut message[20..])?;
+                Ok(message)
+            }
+        }
+    }
+}
+
+impl AsRawFd for Link {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Link::Udp(s) => s.as_raw_fd(),
+            Link::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+}
+
 /// A client with one allocation.
 pub struct BenchClient {
-    /// The client socket, connected to the server.
-    pub socket: UdpSocket,
+    /// The client's connection to the server.
+    pub socket: Link,
     /// The relay address the server advertised.
     pub relay: SocketAddr,
     user: String,
@@ -34,7 +100,7 @@ impl BenchClient {
     /// its relay port.
     pub fn plain(socket: UdpSocket, relay: SocketAddr) -> BenchClient {
         BenchClient {
-            socket,
+            socket: Link::Udp(socket),
             relay,
             user: String::new(),
             pass: String::new(),
@@ -43,17 +109,35 @@ impl BenchClient {
         }
     }
 
-    /// Allocates on `server` with static credentials.
+    /// Allocates on `server` over UDP with static credentials.
     pub fn allocate(server: SocketAddr, user: &str, pass: &str) -> io::Result<BenchClient> {
-        let local = if server.is_ipv4() {
-            "127.0.0.1:0"
+        BenchClient::allocate_over(server, user, pass, false)
+    }
+
+    /// Allocates on `server` over UDP, or over a TCP connection of its own if `tcp`.
+    pub fn allocate_over(
+        server: SocketAddr,
+        user: &str,
+        pass: &str,
+        tcp: bool,
+    ) -> io::Result<BenchClient> {
+        let socket = if tcp {
+            let stream = TcpStream::connect_timeout(&server, Duration::from_secs(2))?;
+            stream.set_nodelay(true)?;
+            stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+            Link::Tcp(stream)
         } else {
-            "[::1]:0"
+            let local = if server.is_ipv4() {
+                "127.0.0.1:0"
+            } else {
+                "[::1]:0"
+            };
+            let socket = UdpSocket::bind(local)?;
+            roomy(&socket);
+            socket.connect(server)?;
+            socket.set_read_timeout(Some(Duration::from_secs(2)))?;
+            Link::Udp(socket)
         };
-        let socket = UdpSocket::bind(local)?;
-        roomy(&socket);
-        socket.connect(server)?;
-        socket.set_read_timeout(Some(Duration::from_secs(2)))?;
         let mut client = BenchClient {
             socket,
             relay: server,
@@ -150,10 +234,7 @@ impl BenchClient {
         });
         let request = build_request(method, attrs, credentials.as_ref()).map_err(other)?;
         self.socket.send(&request)?;
-        let mut buf = vec![0u8; 2048];
-        let n = self.socket.recv(&mut buf)?;
-        buf.truncate(n);
-        Ok(buf)
+        self.socket.recv_message()
     }
 }
 

@@ -104,6 +104,11 @@ pub struct LoadConfig {
     /// Unpaced client→server batches go as one UDP GSO message each (the server still
     /// receives separate datagrams): a cheaper sender, so the generator can outrun a server.
     pub gso: bool,
+    /// TURN over TCP: each allocation on its own connection.
+    pub tcp: bool,
+    /// Paced runs send this many datagrams per allocation back to back when they are due
+    /// (1 to 16; a video frame is a burst like this), as one GSO message with `gso`.
+    pub burst: usize,
 }
 
 /// The allocations and the peer, ready for runs.
@@ -116,6 +121,8 @@ pub struct Setup {
     size: usize,
     mode: Mode,
     gso: bool,
+    tcp: bool,
+    burst: usize,
 }
 
 /// Allocates, permits and binds every allocation to the built-in peer.
@@ -131,6 +138,17 @@ pub fn setup(config: &LoadConfig) -> io::Result<Setup> {
             "--size {}: use {HEADER} to 1400 bytes (the timing header takes {HEADER})",
             config.size
         )));
+    }
+    if config.burst == 0 || config.burst > BATCH {
+        return Err(io::Error::other(format!(
+            "--burst {}: use 1 to {BATCH}",
+            config.burst
+        )));
+    }
+    if config.tcp && config.mode == Mode::Plain {
+        return Err(io::Error::other(
+            "--mode plain is UDP only (udprelay): drop --transport tcp",
+        ));
     }
     let peer = UdpSocket::bind((config.peer_ip, 0))?;
     roomy(&peer);
@@ -156,7 +174,7 @@ pub fn setup(config: &LoadConfig) -> io::Result<Setup> {
             break;
         }
         let (user, pass) = config.auth.credentials();
-        let mut client = BenchClient::allocate(config.server, &user, &pass)
+        let mut client = BenchClient::allocate_over(config.server, &user, &pass, config.tcp)
             .map_err(|e| io::Error::other(format!("allocation {i}: {e}")))?;
         client
             .create_permission(peer_addr)
@@ -178,7 +196,9 @@ pub fn setup(config: &LoadConfig) -> io::Result<Setup> {
         setup_rate,
         size: config.size,
         mode: config.mode,
-        gso: config.gso,
+        gso: config.gso && !config.tcp,
+        tcp: config.tcp,
+        burst: config.burst,
     })
 }
 
@@ -343,6 +363,29 @@ fn send_gso(fd: i32, bufs: &mut [Vec<u8>]) -> Option<usize> {
     (sent >= 0).then_some(bufs.len())
 }
 
+/// Writes `frames` back to back on a blocking TCP connection (one `writev` unless the kernel
+/// takes less); how many frames went whole.
+fn write_stream(fd: i32, frames: &mut [Vec<u8>]) -> usize {
+    let total: usize = frames.iter().map(Vec::len).sum();
+    let mut iovecs = iovecs_of(frames);
+    // SAFETY: the iovecs point into `frames`, which outlive the call.
+    let wrote = unsafe { libc::writev(fd, iovecs.as_mut_ptr(), iovecs.len() as i32) };
+    let Ok(mut wrote) = usize::try_from(wrote) else {
+        return 0;
+    };
+    // A short write leaves a frame cut: finish it, so the stream stays framed.
+    let all: Vec<u8> = frames.concat();
+    while wrote < total {
+        // SAFETY: `all[wrote..]` is valid for reads of its length.
+        let n = unsafe { libc::write(fd, all[wrote..].as_ptr().cast(), total - wrote) };
+        match usize::try_from(n) {
+            Ok(n) if n > 0 => wrote += n,
+            _ => return 0,
+        }
+    }
+    frames.len()
+}
+
 fn sockaddr(addr: SocketAddr) -> libc::sockaddr_storage {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -392,11 +435,12 @@ impl Pacer {
         }
     }
 
-    /// Waits until datagrams are due; how many may go now (`None` once `stop` is set).
-    fn due(&self, stop: &AtomicBool) -> Option<usize> {
+    /// Waits until at least `want` datagrams are due; how many may go now (`None` once
+    /// `stop` is set).
+    fn due(&self, stop: &AtomicBool, want: usize) -> Option<usize> {
         while !stop.load(Ordering::Relaxed) {
             let budget = self.budget() as usize;
-            if budget > 0 {
+            if budget >= want.max(1) {
                 return Some(budget);
             }
             std::thread::sleep(Duration::from_micros(100));
@@ -558,6 +602,10 @@ impl Setup {
                 Mode::Channel => {
                     let mut frame = channel_data_header(FIRST_CHANNEL, self.size).to_vec();
                     frame.extend_from_slice(&payload);
+                    if self.tcp {
+                        // RFC 8656 §12.5: padded to 4 bytes over streams.
+                        frame.resize(uturn_shared::framing::padded(frame.len()), 0);
+                    }
                     frame
                 }
                 Mode::Send => {
@@ -585,9 +633,10 @@ impl Setup {
         let mut seq = 0u64;
         let mut next = 0usize;
         let mut gso = self.gso;
-        while let Some(budget) = pacer.due(stop) {
-            // Unpaced: a batch per allocation; paced: one datagram per allocation in turn.
-            let count = if rate == 0 { budget } else { 1 };
+        let want = if rate == 0 { 1 } else { self.burst };
+        while let Some(budget) = pacer.due(stop, want) {
+            // Unpaced: a batch per allocation; paced: a burst per allocation in turn.
+            let count = if rate == 0 { budget } else { want };
             let i = next;
             next = (next + 1) % self.clients.len();
             let now = epoch.elapsed().as_nanos() as u64;
@@ -596,6 +645,11 @@ impl Setup {
                 seq += 1;
             }
             let fd = self.clients[i].socket.as_raw_fd();
+            if self.tcp {
+                let n = write_stream(fd, &mut frames[i][..count]);
+                pacer.sent(n, sent);
+                continue;
+            }
             let via_gso = if gso && count > 1 {
                 send_gso(fd, &mut frames[i][..count])
             } else {
@@ -617,7 +671,7 @@ impl Setup {
         let mut seq = 0u64;
         let mut next = 0usize;
         let fd = self.peer.as_raw_fd();
-        while let Some(budget) = pacer.due(stop) {
+        while let Some(budget) = pacer.due(stop, 1) {
             let now = epoch.elapsed().as_nanos() as u64;
             for k in 0..budget {
                 write_header(&mut bufs[k], next as u32, seq, now);
@@ -646,21 +700,54 @@ fn receive_clients(clients: &[BenchClient], epoch: Instant, stop: &AtomicBool, r
         unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, c.socket.as_raw_fd(), &mut event) };
     }
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
-    let mut buf = [0u8; 2048];
+    let mut buf = vec![0u8; 64 << 10];
+    // TCP: bytes of a frame not complete yet, per client.
+    let mut partial: Vec<Vec<u8>> = vec![Vec::new(); clients.len()];
     let mut local = Histogram::default();
     let mut count = 0u64;
+    let record = |frame: &[u8], local: &mut Histogram, count: &mut u64| {
+        if let Some(sent_ns) = stamp(frame) {
+            let now = epoch.elapsed().as_nanos() as u64;
+            local.record(now.saturating_sub(sent_ns));
+            *count += 1;
+        }
+    };
     while !stop.load(Ordering::Relaxed) {
         // SAFETY: the events buffer is valid for its length.
         let ready =
             unsafe { libc::epoll_wait(epoll, events.as_mut_ptr(), events.len() as i32, 50) };
         for event in events.iter().take(usize::try_from(ready).unwrap_or(0)) {
-            let socket = &clients[event.u64 as usize].socket;
-            while let Ok(n) = socket.recv(&mut buf) {
-                if let Some(sent_ns) = stamp(&buf[..n]) {
-                    let now = epoch.elapsed().as_nanos() as u64;
-                    local.record(now.saturating_sub(sent_ns));
-                    count += 1;
+            let index = event.u64 as usize;
+            let link = &clients[index].socket;
+            loop {
+                // SAFETY: `buf` is valid for writes of its length; never blocks.
+                let n = unsafe {
+                    libc::recv(
+                        link.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                let Ok(n) = usize::try_from(n) else { break };
+                if n == 0 {
+                    break;
                 }
+                if !link.is_stream() {
+                    record(&buf[..n], &mut local, &mut count);
+                    continue;
+                }
+                let pending = &mut partial[index];
+                pending.extend_from_slice(&buf[..n]);
+                let mut at = 0;
+                while let Ok(Some(len)) = uturn_shared::framing::frame_len(&pending[at..]) {
+                    if at + len > pending.len() {
+                        break;
+                    }
+                    record(&pending[at..at + len], &mut local, &mut count);
+                    at += len;
+                }
+                pending.drain(..at);
             }
         }
         rx.packets.store(count, Ordering::Relaxed);

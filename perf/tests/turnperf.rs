@@ -137,7 +137,66 @@ fn turnperf_rejects_bad_options_clearly() {
     let (code, _, err) = turnperf(&["127.0.0.1:9", "-n", "20000"]);
     assert_eq!(code, 1);
     assert!(err.contains("--allocations 20000"), "{err}");
-    let (code, _, err) = turnperf(&["127.0.0.1:9", "--transport", "tcp"]);
-    assert_eq!(code, 2);
-    assert!(err.contains("tcp"), "{err}");
+    let (code, _, err) = turnperf(&["127.0.0.1:9", "--burst", "17"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--burst 17"), "{err}");
+}
+
+/// Over TCP each allocation has its own connection; ChannelData goes padded both ways and the
+/// receivers reassemble frames from the stream.
+#[test]
+fn turnperf_relays_over_tcp_both_ways() {
+    let (server, port) = coturn();
+    let addr = format!("127.0.0.1:{port}");
+    let (code, out, err) = turnperf(&[
+        &addr,
+        "--transport",
+        "tcp",
+        "-n",
+        "8",
+        "-s",
+        "101",
+        "-r",
+        "200",
+        "-d",
+        "1.5",
+        "--direction",
+        "both",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for dir in ["up", "down"] {
+        let d = &doc["report"][dir];
+        let (sent, delivered) = (
+            d["sent"].as_u64().unwrap(),
+            d["delivered"].as_u64().unwrap(),
+        );
+        // 8 allocations × 200/s × 1.5 s.
+        assert!((2000..=2600).contains(&sent), "{dir}: {d}");
+        assert!(delivered * 100 >= sent * 99, "{dir}: {d}");
+    }
+    drop(server);
+}
+
+/// Paced bursts: each allocation sends 8 back to back when due (as one GSO message), and the
+/// offered rate is still kept.
+#[test]
+fn paced_bursts_keep_the_rate() {
+    let (server, port) = coturn();
+    let addr = format!("127.0.0.1:{port}");
+    let (code, out, err) = turnperf(&[
+        &addr, "-n", "8", "-r", "400", "-d", "1.5", "--burst", "8", "--gso", "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let up = &doc["report"]["up"];
+    let (sent, delivered) = (
+        up["sent"].as_u64().unwrap(),
+        up["delivered"].as_u64().unwrap(),
+    );
+    // 8 allocations × 400/s × 1.5 s.
+    assert!((4200..=5200).contains(&sent), "{up}");
+    assert!(delivered * 100 >= sent * 99, "{up}");
+    drop(server);
 }

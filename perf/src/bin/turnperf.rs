@@ -48,7 +48,7 @@ struct Cli {
     /// With --mode plain: udprelay's relay address.
     #[arg(long)]
     plain_relay: Option<std::net::SocketAddr>,
-    /// Client transport.
+    /// Client transport: udp, or tcp (each allocation on its own TCP connection).
     #[arg(long, default_value = "udp", value_parser = ["udp", "tcp"])]
     transport: String,
     /// Address the built-in peer binds (must be in a routed cluster).
@@ -69,18 +69,18 @@ struct Cli {
     /// No progress lines.
     #[arg(short = 'q', long)]
     quiet: bool,
-    /// Unpaced client→server batches as one UDP GSO message each (the server still receives
+    /// Client→server batches (unpaced, or --burst when paced) as one UDP GSO message each (the server still receives
     /// separate datagrams): a cheaper sender, so the load generator can outrun the server.
     #[arg(long)]
     gso: bool,
+    /// Paced runs (--rate): datagrams each allocation sends back to back when due (1 to 16),
+    /// as a video frame leaves a media server; with --gso as one GSO message.
+    #[arg(long, default_value_t = 1)]
+    burst: usize,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if cli.transport == "tcp" {
-        eprintln!("turnperf: --transport tcp is not implemented yet (TURN-TCP arrives with the TCP/TLS/DTLS work); use udp");
-        return ExitCode::from(2);
-    }
     let Some(server) = cli.server.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
         eprintln!(
             "turnperf: cannot resolve server {:?}: give HOST:PORT",
@@ -107,6 +107,8 @@ fn main() -> ExitCode {
         mode: cli.mode,
         plain_relay: cli.plain_relay,
         gso: cli.gso,
+        tcp: cli.transport == "tcp",
+        burst: cli.burst,
     };
     let rss_before = cli.server_pid.and_then(rss_kib);
     let setup = match setup(&config) {
