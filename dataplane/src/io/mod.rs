@@ -49,6 +49,53 @@ pub fn usable_cpus() -> usize {
         .unwrap_or(1)
 }
 
+/// The CPUs this process may run on (`sched_getaffinity`: a pod's cpuset, or `taskset`).
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: an all-zero cpu_set_t is empty; the call fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is valid for writes of its size.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `cpu` is below CPU_SETSIZE.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Where each of `shards` shards runs, given the CPUs allowed: one shard per CPU, pinned, when
+/// the cpuset holds exactly as many CPUs as there are shards (a Guaranteed pod's exclusive
+/// CPUs under the static CPU manager, or `taskset`); unpinned otherwise, since a cpuset larger
+/// than the CPU quota is a pool shared with other pods and the scheduler should place the
+/// shards in it.
+pub fn shard_placement(shards: usize, allowed: &[usize]) -> Vec<Option<usize>> {
+    if allowed.len() == shards {
+        allowed.iter().map(|&cpu| Some(cpu)).collect()
+    } else {
+        vec![None; shards]
+    }
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is empty; CPU_SET stays within it for cpu < CPU_SETSIZE.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::other(format!("CPU {cpu} out of range")));
+    }
+    // SAFETY: as above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is valid for reads of its size.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Counters one shard publishes once per tick (single writer, read at scrape time).
 #[derive(Debug, Default)]
 #[repr(align(128))]
@@ -91,7 +138,17 @@ impl Dataplane {
             .map(|d| d.as_secs())
             .unwrap_or(0);
         let mut threads = Vec::with_capacity(shards);
-        for index in 0..shards {
+        let placement = shard_placement(shards, &allowed_cpus());
+        for (index, &cpu) in placement.iter().enumerate() {
+            match cpu {
+                Some(cpu) => tracing::info!(target: "stunnerd", "shard {index} on CPU {cpu}"),
+                None if index == 0 => tracing::info!(
+                    target: "stunnerd",
+                    "shards not pinned: {} CPU(s) allowed for {shards} shard(s) (a shared CPU pool)",
+                    allowed_cpus().len()
+                ),
+                None => {}
+            }
             let shard = shard::ShardSetup {
                 index,
                 shards,
@@ -110,7 +167,10 @@ impl Dataplane {
                 io::Error::other(format!("cannot start shard {index}: {e}"))
             };
             let thread = match config.engine {
-                IoEngine::Uring => glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                IoEngine::Uring => glommio::LocalExecutorBuilder::new(match cpu {
+                    Some(cpu) => glommio::Placement::Fixed(cpu),
+                    None => glommio::Placement::Unbound,
+                })
                     .name(&name)
                     // glommio registers io_memory as fixed buffers on three rings; keep it well
                     // under RLIMIT_MEMLOCK/4 (8 MiB on most container runtimes).
@@ -121,6 +181,11 @@ impl Dataplane {
                 IoEngine::Epoll => std::thread::Builder::new()
                     .name(name)
                     .spawn(move || {
+                        if let Some(cpu) = cpu {
+                            if let Err(e) = pin_current_thread(cpu) {
+                                tracing::warn!(target: "stunnerd", "shard {index} not pinned to CPU {cpu}: {e}");
+                            }
+                        }
                         if let Err(e) = epoll::run(shard) {
                             tracing::error!(target: "stunner", "shard {index} stopped: {e}");
                         }
@@ -174,4 +239,19 @@ impl Dataplane {
 enum ShardThread {
     Uring(glommio::ExecutorJoinHandle<()>),
     Epoll(std::thread::JoinHandle<()>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shard_placement;
+
+    #[test]
+    fn shards_are_pinned_only_to_a_cpuset_of_their_own_size() {
+        assert_eq!(shard_placement(2, &[3, 5]), vec![Some(3), Some(5)]);
+        assert_eq!(shard_placement(1, &[7]), vec![Some(7)]);
+        // A quota smaller than the cpuset: a shared pool, left to the scheduler.
+        assert_eq!(shard_placement(2, &[0, 1, 2, 3]), vec![None, None]);
+        // More shards than CPUs (UTURN_SHARDS): nothing pinned.
+        assert_eq!(shard_placement(4, &[0, 1]), vec![None; 4]);
+    }
 }

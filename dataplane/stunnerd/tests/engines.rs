@@ -1,7 +1,9 @@
 //! The IO engines: `--io-engine auto|uring|epoll`, the one log line that says which runs and
-//! why, the fallback to epoll where io_uring cannot run (here: a memlock limit below what
-//! glommio needs, set with `prlimit`), and relaying on whichever engine runs. The rest of the
-//! suite runs against both engines (`.ci/run` repeats it with `UTURN_IO_ENGINE=epoll`).
+//! why, the fallback to epoll where io_uring cannot run (a memlock limit below what glommio
+//! needs, set with `prlimit`; a seccomp filter that denies `io_uring_setup`, as containerd 2.x
+//! and Docker 25+ do), relaying on whichever engine runs, and shards placed on the CPUs a
+//! cpuset (`taskset`) allows. The rest of the suite runs against both engines (`.ci/run`
+//! repeats it with `UTURN_IO_ENGINE=epoll`).
 
 mod support;
 
@@ -128,4 +130,164 @@ fn auto_runs_uring_where_the_probe_passes_and_says_why_not_elsewhere() {
         ),
     }
     assert!(relays_both_ways(port), "{}", server.logs());
+}
+
+/// A seccomp filter (classic BPF) that fails `io_uring_setup` with EPERM and allows every
+/// other syscall: what containerd 2.x's and Docker 25+'s RuntimeDefault profiles do to it.
+fn deny_io_uring_setup() -> Vec<libc::sock_filter> {
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xC000_003E;
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xC000_00B7;
+    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const ALLOW: u32 = 0x7fff_0000; // SECCOMP_RET_ALLOW
+    const ERRNO: u32 = 0x0005_0000; // SECCOMP_RET_ERRNO
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    vec![
+        op(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
+        op(JEQ_K, 0, 3, AUDIT_ARCH),
+        op(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
+        op(JEQ_K, 0, 1, libc::SYS_io_uring_setup as u32),
+        op(RET_K, 0, 0, ERRNO | libc::EPERM as u32),
+        op(RET_K, 0, 0, ALLOW),
+    ]
+}
+
+#[test]
+fn auto_falls_back_to_epoll_under_a_seccomp_filter_that_denies_io_uring_and_relays() {
+    use std::os::unix::process::CommandExt;
+    let port = free_port();
+    let path = config(port);
+    let filter = deny_io_uring_setup();
+    let server = Stunnerd::start_with(
+        &[],
+        &["-c", &format!("file://{}", path.display())],
+        &[("UTURN_IO_ENGINE", "auto")],
+        move |command| {
+            // SAFETY: runs in the child between fork and exec and only makes two prctl calls
+            // (async-signal-safe) on memory that the parent built before forking.
+            unsafe {
+                command.pre_exec(move || {
+                    let program = libc::sock_fprog {
+                        len: filter.len() as u16,
+                        filter: filter.as_ptr() as *mut libc::sock_filter,
+                    };
+                    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                        || libc::prctl(
+                            libc::PR_SET_SECCOMP,
+                            libc::SECCOMP_MODE_FILTER,
+                            &program as *const libc::sock_fprog,
+                        ) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        },
+    );
+    assert!(
+        wait_until(10, || log_line(&server).is_some()),
+        "{}",
+        server.logs()
+    );
+    let line = log_line(&server).unwrap();
+    assert!(
+        line.contains(
+            "io engine: epoll (io_uring is not available: io_uring_setup failed with EPERM"
+        ),
+        "{line}"
+    );
+    assert!(line.contains("seccomp"), "{line}");
+    assert!(relays_both_ways(port), "{}", server.logs());
+}
+
+/// The CPUs each of the server's threads named `prefix…` may run on (from /proc).
+fn thread_cpus(pid: u32, prefix: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        if let Some(cpus) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        {
+            found.push(format!("{}={}", comm.trim(), cpus.trim()));
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn under_taskset_shards_follow_the_cpuset_one_per_cpu_each_pinned() {
+    let allowed = uturn_dataplane::io::allowed_cpus();
+    let last = *allowed.last().unwrap();
+    // One CPU: one shard, on that CPU.
+    let port = free_port();
+    let path = config(port);
+    let cpu = last.to_string();
+    let server = Stunnerd::start_under(
+        &["taskset", "-c", &cpu],
+        &["-c", &format!("file://{}", path.display())],
+        // Empty: the shard count comes from the CPUs, as in a pod.
+        &[("UTURN_SHARDS", "")],
+    );
+    assert!(
+        wait_until(10, || server.logs().contains("serving on shard")),
+        "{}",
+        server.logs()
+    );
+    let logs = server.logs();
+    assert!(logs.contains("dataplane: 1 shard(s)"), "{logs}");
+    assert!(logs.contains(&format!("shard 0 on CPU {last}")), "{logs}");
+    let threads = thread_cpus(server.pid(), "uturn-shard-");
+    assert!(
+        !threads.is_empty() && threads.iter().all(|t| t.ends_with(&format!("={last}"))),
+        "{threads:?}"
+    );
+    assert!(relays_both_ways(port), "{logs}");
+    drop(server);
+    // Two CPUs: two shards, each pinned to its own one.
+    if allowed.len() >= 2 {
+        let (a, b) = (allowed[0], allowed[1]);
+        let port = free_port();
+        let path = config(port);
+        let cpus = format!("{a},{b}");
+        let server = Stunnerd::start_under(
+            &["taskset", "-c", &cpus],
+            &["-c", &format!("file://{}", path.display())],
+            &[("UTURN_SHARDS", "")],
+        );
+        let pid = server.pid();
+        assert!(
+            wait_until(10, || thread_cpus(pid, "uturn-shard-").len() >= 2),
+            "{}",
+            server.logs()
+        );
+        let logs = server.logs();
+        assert!(logs.contains("dataplane: 2 shard(s)"), "{logs}");
+        let threads = thread_cpus(server.pid(), "uturn-shard-");
+        assert!(
+            threads
+                .iter()
+                .any(|t| t.starts_with("uturn-shard-0") && t.ends_with(&format!("={a}"))),
+            "{threads:?}"
+        );
+        assert!(
+            threads
+                .iter()
+                .any(|t| t.starts_with("uturn-shard-1") && t.ends_with(&format!("={b}"))),
+            "{threads:?}"
+        );
+    }
 }

@@ -50,6 +50,17 @@ impl Stunnerd {
     /// As [`Stunnerd::start`], run through `wrapper` (a command that execs the rest, such as
     /// `prlimit --memlock=…` or `taskset -c 0`).
     pub fn start_under(wrapper: &[&str], args: &[&str], envs: &[(&str, &str)]) -> Stunnerd {
+        Stunnerd::start_with(wrapper, args, envs, |_| {})
+    }
+
+    /// As [`Stunnerd::start_under`], with `customize` applied to the command last (a
+    /// `pre_exec` hook, say).
+    pub fn start_with(
+        wrapper: &[&str],
+        args: &[&str],
+        envs: &[(&str, &str)],
+        customize: impl FnOnce(&mut Command),
+    ) -> Stunnerd {
         let log = std::env::temp_dir().join(format!(
             "uturn-stunnerd-{}-{}.log",
             std::process::id(),
@@ -65,14 +76,14 @@ impl Stunnerd {
             }
             None => Command::new(binary),
         };
-        let child = command
+        command
             .args(args)
             .env("UTURN_SHARDS", "1")
             .envs(envs.iter().copied())
             .stdout(Stdio::from(out.try_clone().unwrap()))
-            .stderr(Stdio::from(out))
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::from(out));
+        customize(&mut command);
+        let child = command.spawn().unwrap();
         Stunnerd { child, log }
     }
 
