@@ -35,8 +35,9 @@ impl fmt::Display for Unavailable {
     }
 }
 
-/// Checks, once, what the io_uring engine needs: the sysctl, the memlock limit and a real ring
-/// (`io_uring_setup` with four entries, closed at once).
+/// Checks, once, what the io_uring engine needs: the sysctl, the memlock limit, a real ring
+/// (`io_uring_setup` with four entries, closed at once) and, through `io_uring_register`'s
+/// opcode probe, the operations the shards submit.
 pub fn probe_uring() -> Result<(), Unavailable> {
     let sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
         .ok()
@@ -71,9 +72,10 @@ pub fn probe_uring() -> Result<(), Unavailable> {
     // SAFETY: io_uring_setup(entries, params) with a zeroed params buffer of the right size.
     let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
     if fd >= 0 {
+        let ops = probe_opcodes(fd as libc::c_int);
         // SAFETY: the ring fd we just got.
         unsafe { libc::close(fd as libc::c_int) };
-        return Ok(());
+        return ops;
     }
     let error = std::io::Error::last_os_error();
     Err(Unavailable(match error.raw_os_error() {
@@ -124,4 +126,57 @@ pub fn select(choice: EngineChoice) -> Result<(IoEngine, String), Unavailable> {
             Err(why) => (IoEngine::Epoll, format!("io_uring is not available: {why}")),
         }),
     }
+}
+
+/// The io_uring operations glommio submits for the shards: poll, recvmsg (UDP peek), timeout,
+/// accept, cancel, recv (TCP peek), by their `IORING_OP_*` numbers.
+const NEEDED_OPS: [(u8, &str); 6] = [
+    (6, "POLL_ADD"),
+    (10, "RECVMSG"),
+    (11, "TIMEOUT"),
+    (13, "ACCEPT"),
+    (14, "ASYNC_CANCEL"),
+    (27, "RECV"),
+];
+
+/// Asks ring `fd` which operations the kernel supports (`IORING_REGISTER_PROBE`); an error
+/// names the first missing one, or says that `io_uring_register` itself is refused.
+fn probe_opcodes(fd: libc::c_int) -> Result<(), Unavailable> {
+    const IORING_REGISTER_PROBE: libc::c_uint = 8;
+    const OPS: usize = 64;
+    // struct io_uring_probe: last_op u8, ops_len u8, resv u16, resv2 [u32; 3], then OPS
+    // entries of struct io_uring_probe_op (op u8, resv u8, flags u16, resv2 u32).
+    let mut probe = [0u8; 16 + OPS * 8];
+    // SAFETY: the buffer holds the header and OPS entries, as nr_args says.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_register,
+            fd,
+            IORING_REGISTER_PROBE,
+            probe.as_mut_ptr(),
+            OPS as libc::c_uint,
+        )
+    };
+    if rc < 0 {
+        let error = std::io::Error::last_os_error();
+        return Err(Unavailable(format!(
+            "io_uring_register failed ({error}): a seccomp profile allows io_uring_setup but \
+             not io_uring_register; allow io_uring_setup, io_uring_enter and io_uring_register \
+             (deploy/ has such a profile), or use --io-engine epoll"
+        )));
+    }
+    let ops_len = usize::from(probe[1]).min(OPS);
+    for (op, name) in NEEDED_OPS {
+        let supported = (0..ops_len).any(|i| {
+            let entry = &probe[16 + i * 8..16 + i * 8 + 8];
+            entry[0] == op && u16::from_ne_bytes([entry[2], entry[3]]) & 1 != 0
+        });
+        if !supported {
+            return Err(Unavailable(format!(
+                "the kernel's io_uring lacks IORING_OP_{name}, which the io_uring engine \
+                 needs; use a newer kernel, or --io-engine epoll"
+            )));
+        }
+    }
+    Ok(())
 }

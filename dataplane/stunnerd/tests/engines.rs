@@ -132,9 +132,9 @@ fn auto_runs_uring_where_the_probe_passes_and_says_why_not_elsewhere() {
     assert!(relays_both_ways(port), "{}", server.logs());
 }
 
-/// A seccomp filter (classic BPF) that fails `io_uring_setup` with EPERM and allows every
-/// other syscall: what containerd 2.x's and Docker 25+'s RuntimeDefault profiles do to it.
-fn deny_io_uring_setup() -> Vec<libc::sock_filter> {
+/// A seccomp filter (classic BPF) that fails syscall `nr` with EPERM and allows every other:
+/// what containerd 2.x's and Docker 25+'s RuntimeDefault profiles do to `io_uring_setup`.
+fn deny(nr: libc::c_long) -> Vec<libc::sock_filter> {
     #[cfg(target_arch = "x86_64")]
     const AUDIT_ARCH: u32 = 0xC000_003E;
     #[cfg(target_arch = "aarch64")]
@@ -149,18 +149,18 @@ fn deny_io_uring_setup() -> Vec<libc::sock_filter> {
         op(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
         op(JEQ_K, 0, 3, AUDIT_ARCH),
         op(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
-        op(JEQ_K, 0, 1, libc::SYS_io_uring_setup as u32),
+        op(JEQ_K, 0, 1, nr as u32),
         op(RET_K, 0, 0, ERRNO | libc::EPERM as u32),
         op(RET_K, 0, 0, ALLOW),
     ]
 }
 
-#[test]
-fn auto_falls_back_to_epoll_under_a_seccomp_filter_that_denies_io_uring_and_relays() {
+/// Starts stunnerd (engine `auto`) with a seccomp filter denying syscall `nr`.
+fn start_denying(nr: libc::c_long) -> (Stunnerd, u16, std::path::PathBuf) {
     use std::os::unix::process::CommandExt;
     let port = free_port();
     let path = config(port);
-    let filter = deny_io_uring_setup();
+    let filter = deny(nr);
     let server = Stunnerd::start_with(
         &[],
         &["-c", &format!("file://{}", path.display())],
@@ -188,6 +188,12 @@ fn auto_falls_back_to_epoll_under_a_seccomp_filter_that_denies_io_uring_and_rela
             }
         },
     );
+    (server, port, path)
+}
+
+#[test]
+fn auto_falls_back_to_epoll_under_a_seccomp_filter_that_denies_io_uring_and_relays() {
+    let (server, port, _path) = start_denying(libc::SYS_io_uring_setup);
     assert!(
         wait_until(10, || log_line(&server).is_some()),
         "{}",
@@ -201,6 +207,22 @@ fn auto_falls_back_to_epoll_under_a_seccomp_filter_that_denies_io_uring_and_rela
         "{line}"
     );
     assert!(line.contains("seccomp"), "{line}");
+    assert!(relays_both_ways(port), "{}", server.logs());
+}
+
+#[test]
+fn a_profile_that_allows_the_ring_but_not_io_uring_register_is_caught_by_the_probe() {
+    let (server, port, _path) = start_denying(libc::SYS_io_uring_register);
+    assert!(
+        wait_until(10, || log_line(&server).is_some()),
+        "{}",
+        server.logs()
+    );
+    let line = log_line(&server).unwrap();
+    assert!(
+        line.contains("io engine: epoll (io_uring is not available: io_uring_register failed"),
+        "{line}"
+    );
     assert!(relays_both_ways(port), "{}", server.logs());
 }
 

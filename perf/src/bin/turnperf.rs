@@ -69,7 +69,8 @@ struct Cli {
     /// No progress lines.
     #[arg(short = 'q', long)]
     quiet: bool,
-    /// Client→server batches (unpaced, or --burst when paced) as one UDP GSO message each (the server still receives
+    /// Client→server batches (unpaced, or --burst when paced) as one UDP GSO message each (the
+    /// server still receives
     /// separate datagrams): a cheaper sender, so the load generator can outrun the server.
     #[arg(long)]
     gso: bool,
