@@ -70,8 +70,8 @@ struct Cli {
     #[arg(short = 'q', long)]
     quiet: bool,
     /// Client→server batches (unpaced, or --burst when paced) as one UDP GSO message each (the
-    /// server still receives
-    /// separate datagrams): a cheaper sender, so the load generator can outrun the server.
+    /// server still receives separate datagrams): a cheaper sender, so the load generator can
+    /// outrun the server.
     #[arg(long)]
     gso: bool,
     /// Paced runs (--rate): datagrams each allocation sends back to back when due (1 to 16),
