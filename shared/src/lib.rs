@@ -6,4 +6,5 @@ pub mod auth;
 pub mod config;
 pub mod framing;
 pub mod logspec;
+pub mod policy;
 pub mod snapshot;
