@@ -3,7 +3,8 @@
 //! multicast, broadcast) are reachable only through an endpoint that names that scope
 //! explicitly (a range inside it), never through a wider range such as `0.0.0.0/0`.
 //!
-//! Not wired into the snapshot's admission yet: see the hostile-input issue.
+//! [`crate::snapshot::Snapshot::permits_ip`] and [`crate::snapshot::Snapshot::admits`], which
+//! every check calls (CreatePermission, ChannelBind, Send, each relayed datagram), apply them.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

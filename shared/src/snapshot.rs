@@ -79,6 +79,9 @@ pub struct Snapshot {
     /// Clusters, in config order.
     pub clusters: Vec<ClusterSpec>,
     routes: Vec<Route>,
+    /// The listeners' advertised (relay) addresses: never a peer unless a routed cluster lists
+    /// that exact address.
+    own_ips: Vec<IpAddr>,
 }
 
 /// A stable digest of a listener's cert and key (FNV-1a; change detection only).
@@ -171,12 +174,20 @@ impl Snapshot {
                     .collect(),
             });
         }
+        let mut own_ips: Vec<IpAddr> = listeners
+            .iter()
+            .map(|l| crate::policy::canonical_peer(l.advertised_ip))
+            .filter(|ip| !ip.is_unspecified())
+            .collect();
+        own_ips.sort();
+        own_ips.dedup();
         Snapshot {
             generation,
             auth: Authenticator::from_config(&config.auth),
             listeners,
             clusters,
             routes,
+            own_ips,
         }
     }
 
@@ -188,22 +199,29 @@ impl Snapshot {
             .map(|i| &self.routes[i])
     }
 
-    /// Permission-time check (IP only, port ranges ignored): is `ip` in any routed cluster?
+    /// Permission-time check (IP only, port ranges ignored): may a client of `route` reach
+    /// `ip`? The one peer policy ([`Snapshot::admits`] adds the port): the address is
+    /// canonicalised ([`crate::policy::canonical_peer`]), a special-scope address needs an
+    /// endpoint inside its scope, and the gateway's own addresses need an exact endpoint.
     pub fn permits_ip(&self, route: &Route, ip: IpAddr) -> bool {
-        let ip = canonical_ip(ip);
-        route
-            .clusters
-            .iter()
-            .any(|&c| self.clusters[c].endpoints.iter().any(|e| e.contains_ip(ip)))
+        self.admitting(route, ip, None).is_some()
     }
 
     /// Per-datagram admission (IP and port): the first routed cluster that admits `peer`.
     pub fn admits(&self, route: &Route, peer: SocketAddr) -> Option<ClusterId> {
-        let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
-        route
-            .clusters
-            .iter()
-            .copied()
-            .find(|&c| self.clusters[c].endpoints.iter().any(|e| e.contains(peer)))
+        self.admitting(route, peer.ip(), Some(peer.port()))
+    }
+
+    fn admitting(&self, route: &Route, ip: IpAddr, port: Option<u16>) -> Option<ClusterId> {
+        let ip = crate::policy::canonical_peer(ip);
+        let own = self.own_ips.contains(&ip);
+        let full = if ip.is_ipv4() { 32 } else { 128 };
+        route.clusters.iter().copied().find(|&c| {
+            self.clusters[c].endpoints.iter().any(|e| {
+                crate::policy::endpoint_admits(e.addr, e.prefix_len, ip)
+                    && (!own || e.prefix_len == full)
+                    && port.is_none_or(|p| (e.port_min..=e.port_max).contains(&p))
+            })
+        })
     }
 }

@@ -1157,3 +1157,64 @@ fn kubernetes_cluster_endpoints_name_services() {
     let err = parse(&json_with(r#""clusters": [{"name": "k", "type": "EDS"}]"#)).unwrap_err();
     assert!(err.message.contains("KUBERNETES"), "{err}");
 }
+
+/// The one peer policy, through the snapshot every check goes through (CreatePermission,
+/// ChannelBind, Send and each relayed datagram): encodings of special-scope addresses under a
+/// catch-all cluster, explicit listing, and the gateway's own address.
+#[test]
+fn peer_policy_refuses_special_scopes_and_own_addresses_unless_listed() {
+    use uturn_shared::snapshot::Snapshot;
+    let config = |clusters: &str| {
+        let text = format!(
+            "version: v1\nauth: {{type: static, credentials: {{username: u, password: p}}}}\n\
+             listeners: [{{name: l, address: 10.9.9.9, port: 3478, routes: [c]}}]\n\
+             clusters: [{{name: c, endpoints: [{clusters}]}}]\n"
+        );
+        let config = parse(&text).unwrap_or_else(|e| panic!("{e}"));
+        Snapshot::from_config(&config, 1, &|_| Vec::new())
+    };
+    let cases: &[(&str, &str, bool)] = &[
+        // A catch-all admits global peers only.
+        ("0.0.0.0/0", "203.0.113.7", true),
+        ("0.0.0.0/0", "10.0.0.1", true),
+        ("0.0.0.0/0", "0.0.0.0", false),
+        ("0.0.0.0/0", "127.0.0.1", false),
+        ("0.0.0.0/0", "169.254.169.254", false),
+        ("0.0.0.0/0", "224.0.0.251", false),
+        ("0.0.0.0/0", "255.255.255.255", false),
+        ("0.0.0.0/0", "::ffff:127.0.0.1", false),
+        ("0.0.0.0/0", "::ffff:169.254.169.254", false),
+        ("0.0.0.0/0", "::127.0.0.1", false),
+        ("0.0.0.0/0", "64:ff9b::7f00:1", false),
+        ("0.0.0.0/0", "2002:7f00:1::", false),
+        ("0.0.0.0/0", "2001:0:4136:e378:8000:63bf:80ff:fffe", false),
+        ("0.0.0.0/0", "::ffff:203.0.113.7", true),
+        ("\"::/0\"", "::", false),
+        ("\"::/0\"", "::1", false),
+        ("\"::/0\"", "fe80::1", false),
+        ("\"::/0\"", "ff02::1", false),
+        ("\"::/0\"", "2001:db8::7", true),
+        // Listed explicitly, a special scope is reachable (loopback tests, node-local media).
+        ("127.0.0.1", "127.0.0.1", true),
+        ("127.0.0.1", "::ffff:127.0.0.1", true),
+        ("127.0.0.0/8", "127.0.0.53", true),
+        ("169.254.169.254", "169.254.169.254", true),
+        ("\"::1\"", "::1", true),
+        // The gateway's own (advertised) address needs an exact entry.
+        ("10.0.0.0/8", "10.9.9.9", false),
+        ("10.0.0.0/8", "10.9.9.8", true),
+        ("10.0.0.0/8, 10.9.9.9", "10.9.9.9", true),
+    ];
+    for (clusters, peer, want) in cases {
+        let snap = config(clusters);
+        let route = snap.route("l").unwrap();
+        let ip: IpAddr = peer.parse().unwrap();
+        assert_eq!(snap.permits_ip(route, ip), *want, "{clusters} -> {peer}");
+        let at = SocketAddr::new(ip, 5000);
+        assert_eq!(
+            snap.admits(route, at).is_some(),
+            *want,
+            "{clusters} -> {at}"
+        );
+    }
+}

@@ -145,18 +145,13 @@ fn relay_all(s: &Setup, extra: &[&str], creds: &[&str]) {
 
 /// uclient through listener `port` to the peer on `peer_port`: everything sent comes back.
 fn relay_through(secs: u32, port: &str, peer_port: &str, extra: &[&str], creds: &[&str]) {
+    relay_to(secs, port, "127.0.0.1", peer_port, extra, creds);
+}
+
+/// As [`relay_through`], to a peer on `peer_ip`.
+fn relay_to(secs: u32, port: &str, peer_ip: &str, peer_port: &str, extra: &[&str], creds: &[&str]) {
     let mut args = vec![
-        "-c",
-        "-n",
-        "20",
-        "-l",
-        "120",
-        "-p",
-        port,
-        "-e",
-        "127.0.0.1",
-        "-r",
-        peer_port,
+        "-c", "-n", "20", "-l", "120", "-p", port, "-e", peer_ip, "-r", peer_port,
     ];
     args.extend_from_slice(creds);
     args.extend_from_slice(extra);
@@ -213,31 +208,66 @@ fn uclient_client_to_client() {
     assert_eq!(received, sent, "{text}");
 }
 
+/// This host's address on its main interface: a peer of global scope, which a TURN URI's
+/// `allow-any` cluster (0.0.0.0/0) admits (loopback peers it refuses, by design).
+fn host_ip() -> String {
+    let probe = UdpSocket::bind("0.0.0.0:0").unwrap();
+    // No datagram is sent: connecting only picks the route and so the source address.
+    probe
+        .connect("198.51.100.1:9")
+        .expect("these tests need a non-loopback interface with a route (eth0 here)");
+    let ip = probe.local_addr().unwrap().ip();
+    assert!(
+        !ip.is_loopback() && !ip.is_unspecified(),
+        "no host address: {ip}"
+    );
+    ip.to_string()
+}
+
+fn turnutils_peer_on(ip: &str, port: u16) -> Proc {
+    let child = Command::new("turnutils_peer")
+        .args(["-p", &port.to_string(), "-L", ip])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("turnutils_peer (apt-get install coturn)");
+    Proc(child)
+}
+
 #[test]
 fn turn_uri_mode_relays() {
     let port = free_udp_port();
     let peer_port = free_udp_port();
     let uri = format!("turn://user1:pass1@127.0.0.1:{port}?transport=udp");
     let server = stunnerd(&[&uri], "1");
-    let _peer = turnutils_peer(peer_port);
+    let host = host_ip();
+    let _peer = turnutils_peer_on(&host, peer_port);
     let (port, peer_port) = (port.to_string(), peer_port.to_string());
-    let (sent, received, text) = uclient(&[
-        "-c",
-        "-n",
-        "10",
-        "-p",
-        &port,
-        "-e",
-        "127.0.0.1",
-        "-r",
-        &peer_port,
-        "-u",
-        "user1",
-        "-w",
-        "pass1",
-        "127.0.0.1",
-    ]);
+    let args = |peer: &str| {
+        [
+            "-c",
+            "-n",
+            "10",
+            "-p",
+            &port,
+            "-e",
+            peer,
+            "-r",
+            &peer_port,
+            "-u",
+            "user1",
+            "-w",
+            "pass1",
+            "127.0.0.1",
+        ]
+        .map(str::to_owned)
+    };
+    let (sent, received, text) = uclient(&args(&host).each_ref().map(String::as_str));
     assert!(sent > 0 && received == sent, "{text}");
+    // allow-any is 0.0.0.0/0: it does not reach loopback (CVE-2020-26262's class of bug).
+    let (_, received, text) = uclient(&args("127.0.0.1").each_ref().map(String::as_str));
+    assert!(text.contains("error 403"), "{text}");
+    assert_eq!(received, 0, "{text}");
     let log = server.stdout();
     assert!(
         log.contains("use username \"user1\" and password \"pass1\""),
@@ -551,15 +581,17 @@ fn tls_and_dtls_listeners_without_a_certificate_are_config_errors_naming_them() 
 #[test]
 fn turns_uri_listeners_get_a_self_signed_certificate() {
     let peer_port = free_udp_port();
-    let _peer = turnutils_peer(peer_port);
+    let host = host_ip();
+    let _peer = turnutils_peer_on(&host, peer_port);
     let peer_port = peer_port.to_string();
     for (transport, flags) in [("tcp", &["-t", "-S"][..]), ("udp", &["-S"][..])] {
         let port = free_stream_port();
         let uri = format!("turns://user1:pass1@127.0.0.1:{port}?transport={transport}");
         let _server = stunnerd(&[&uri], "1");
-        relay_through(
+        relay_to(
             TLS_SECS,
             &port.to_string(),
+            &host,
             &peer_port,
             flags,
             &["-u", "user1", "-w", "pass1"],
