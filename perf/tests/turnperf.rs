@@ -14,11 +14,17 @@ impl Drop for Coturn {
 }
 
 fn coturn() -> (Coturn, u16) {
-    let port = UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A port free for UDP and TCP (coturn serves both on it).
+    let port = loop {
+        let port = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            break port;
+        }
+    };
     let child = Command::new("turnserver")
         .args([
             "-n",
@@ -38,7 +44,14 @@ fn coturn() -> (Coturn, u16) {
         .stderr(Stdio::null())
         .spawn()
         .expect("coturn's turnserver (bash .ci/run installs it)");
-    std::thread::sleep(Duration::from_millis(800));
+    // Ready once it accepts on TCP (it opens UDP first), or after 10 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
     (Coturn(child), port)
 }
 
