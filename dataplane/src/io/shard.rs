@@ -205,8 +205,10 @@ struct Counters {
     listener_rx_packets: u64,
     relayed_to_peer: u64,
     relayed_to_client: u64,
-    /// Datagrams dropped before the engine saw them (too big).
-    oversized: u64,
+    /// Input dropped before the engine saw it, counted as malformed: datagrams too big to be
+    /// whole, stream bytes that are not TURN frames, DTLS sessions that did not start with a
+    /// handshake record (or found the shard's session table full).
+    unparsed: u64,
     /// Datagrams the kernel would not take (full socket buffer or an error).
     send_failed: u64,
     listeners: Named,
@@ -626,7 +628,7 @@ impl<D: Driver> Shard<D> {
                 Ok(Some(range)) => range,
                 Ok(None) => break,
                 Err(why) => {
-                    self.engine_malformed();
+                    self.counters.unparsed += 1;
                     outcome = Err(why);
                     break;
                 }
@@ -652,11 +654,6 @@ impl<D: Driver> Shard<D> {
             }
         }
         outcome
-    }
-
-    /// Counts bytes on a stream that are not TURN.
-    fn engine_malformed(&mut self) {
-        self.counters.oversized += 1;
     }
 
     /// Closes connection `slot` and frees its allocation (`why`: logged when given).
@@ -762,7 +759,7 @@ impl<D: Driver> Shard<D> {
             return;
         };
         if datagram.truncated || datagram.len >= MAX_DATAGRAM {
-            self.counters.oversized += 1;
+            self.counters.unparsed += 1;
             return;
         }
         let data = &datagram.buf[PEER_HEADROOM..PEER_HEADROOM + datagram.len];
@@ -807,7 +804,7 @@ impl<D: Driver> Shard<D> {
             Some(session) => session,
             // Only a handshake record (content type 22) may start a session.
             None if data.first() != Some(&22) || sessions.len() >= MAX_DTLS_SESSIONS => {
-                self.counters.oversized += 1;
+                self.counters.unparsed += 1;
                 return;
             }
             None => match dtls::Session::new(context, now) {
@@ -970,7 +967,7 @@ impl<D: Driver> Shard<D> {
             return;
         };
         if datagram.truncated || datagram.len >= MAX_DATAGRAM {
-            counters.oversized += 1;
+            counters.unparsed += 1;
             return;
         }
         let snap: &Snapshot = cache.load();
@@ -1077,7 +1074,7 @@ impl<D: Driver> Shard<D> {
             auth_failed: engine.auth_failures,
             send_failed: self.counters.send_failed,
         };
-        report.dropped[DropReason::Malformed.index()] += self.counters.oversized;
+        report.dropped[DropReason::Malformed.index()] += self.counters.unparsed;
         for open in report.listeners.open.iter_mut() {
             *open = 0;
         }
