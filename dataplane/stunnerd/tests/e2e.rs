@@ -771,3 +771,49 @@ fn a_client_that_stops_reading_cannot_hold_the_shard() {
     );
     drop(slow);
 }
+
+#[test]
+fn closing_a_connection_frees_its_allocation_and_a_stalled_tls_handshake_is_cut_at_10_s() {
+    use std::io::Write;
+    let (cert, key) = test_certificate();
+    let (tcp, tls, metrics) = (free_stream_port(), free_stream_port(), free_stream_port());
+    let text = format!(
+        "version: v1\nadmin: {{healthcheck_endpoint: \"\", metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
+         auth: {STATIC}\nlisteners:\n\
+         - {{name: tcp, protocol: TURN-TCP, address: 127.0.0.1, port: {tcp}, routes: [media]}}\n\
+         - {{name: tls, protocol: TURN-TLS, address: 127.0.0.1, port: {tls}, routes: [media], cert: \"{cert}\", key: \"{key}\"}}\n\
+         clusters: [{{name: media, endpoints: [\"127.0.0.1\"]}}]\n"
+    );
+    let config = tempfile_path::Path::new(&text);
+    let _server = stunnerd(&["-c", &config.origin()], "1");
+    // A TLS client that stops in the middle of its hello.
+    let mut stalled = std::net::TcpStream::connect(("127.0.0.1", tls)).unwrap();
+    stalled.write_all(&tls10_client_hello()[..9]).unwrap();
+    let stalled_at = std::time::Instant::now();
+    let active = || metric(metrics, "stunner_allocations_active ");
+    let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (client, _relay) =
+        TcpTurnClient::allocate(&format!("127.0.0.1:{tcp}"), peer.local_addr().unwrap());
+    // Counters are published every 100 ms.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(active(), Some(1.0));
+    drop(client);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        active(),
+        Some(0.0),
+        "the allocation outlived its connection"
+    );
+    // The server ends the stalled handshake after 10 s (checked once a second): EOF here.
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = stalled.read(&mut buf).unwrap_or(usize::MAX);
+    let waited = stalled_at.elapsed();
+    assert_eq!(n, 0, "expected the server to close the connection");
+    assert!(
+        waited >= Duration::from_secs(9) && waited <= Duration::from_secs(13),
+        "closed after {waited:?}"
+    );
+}
