@@ -155,6 +155,19 @@ pub(super) enum Readiness {
     Closed,
 }
 
+/// A UDP listener socket being drained, looked up once per readiness report rather than per
+/// datagram.
+#[derive(Clone, Copy)]
+struct DatagramSocket {
+    id: ListenerId,
+    fd: RawFd,
+    /// Listener counter slot.
+    metric: usize,
+    local: SocketAddr,
+    /// TURN-DTLS: datagrams are records of per-client sessions.
+    dtls: bool,
+}
+
 /// What a listener speaks, with its per-listener state.
 enum Kind {
     Udp,
@@ -689,16 +702,19 @@ impl<D: Driver> Shard<D> {
     }
 
     fn listener_readable(&mut self, batch: &mut RecvBatch, id: ListenerId, n: usize) -> Readiness {
-        let Some((fd, metric, local)) = self
-            .listeners
-            .iter()
-            .find(|l| l.id == id)
-            .and_then(|l| l.sockets.get(n).map(|s| (s.0, l.metric, l.local_addr)))
-        else {
+        let Some(socket) = self.listeners.iter().find(|l| l.id == id).and_then(|l| {
+            l.sockets.get(n).map(|s| DatagramSocket {
+                id,
+                fd: s.0,
+                metric: l.metric,
+                local: l.local_addr,
+                dtls: matches!(l.kind, Kind::Dtls { .. }),
+            })
+        }) else {
             return Readiness::Drained;
         };
-        self.drain(fd, batch, |shard, now, datagram| {
-            shard.client_datagram(now, id, fd, metric, local, datagram)
+        self.drain(socket.fd, batch, |shard, now, datagram| {
+            shard.client_datagram(now, socket, datagram)
         })
     }
 
@@ -744,15 +760,14 @@ impl<D: Driver> Shard<D> {
         Readiness::More
     }
 
-    fn client_datagram(
-        &mut self,
-        now: Instant,
-        id: ListenerId,
-        fd: RawFd,
-        metric: usize,
-        local: SocketAddr,
-        datagram: Datagram<'_>,
-    ) {
+    fn client_datagram(&mut self, now: Instant, socket: DatagramSocket, datagram: Datagram<'_>) {
+        let DatagramSocket {
+            id,
+            fd,
+            metric,
+            local,
+            dtls,
+        } = socket;
         self.counters.listener_rx_packets += 1;
         self.counters.listeners.traffic[metric].rx(datagram.len);
         let Some(from) = datagram.from.map(canonical) else {
@@ -763,11 +778,6 @@ impl<D: Driver> Shard<D> {
             return;
         }
         let data = &datagram.buf[PEER_HEADROOM..PEER_HEADROOM + datagram.len];
-        let dtls = self
-            .listeners
-            .iter()
-            .find(|l| l.id == id)
-            .is_some_and(|l| matches!(l.kind, Kind::Dtls { .. }));
         if dtls {
             self.dtls_datagram(now, id, fd, metric, local, from, data);
             return;

@@ -624,94 +624,22 @@ fn stalled_and_idle_stream_clients_leave_other_relays_unaffected() {
     assert!(!log.contains("panicked"), "{log}");
 }
 
-/// A TURN client over one TCP connection, written from RFC 8656 with `stun-proto` alone:
-/// allocates with long-term credentials and permits one peer.
-struct TcpTurnClient {
-    conn: std::net::TcpStream,
-    realm: String,
-    nonce: String,
-}
-
-impl TcpTurnClient {
-    fn request(
-        &mut self,
-        method: stun_proto::types::message::Method,
-        attrs: &dyn Fn(
-            &mut stun_proto::types::message::MessageWriteVec,
-            stun_proto::types::message::TransactionId,
-        ),
-    ) -> Vec<u8> {
-        use std::io::Write;
-        use stun_proto::types::attribute::{Nonce, Realm, Username};
-        use stun_proto::types::message::*;
-        let txid = TransactionId::generate();
-        let mut msg = Message::builder(
-            MessageType::from_class_method(MessageClass::Request, method),
-            txid,
-            MessageWriteVec::new(),
-        );
-        attrs(&mut msg, txid);
-        if !self.nonce.is_empty() {
-            msg.add_attribute(&Username::new("user1").unwrap()).unwrap();
-            msg.add_attribute(&Realm::new(&self.realm).unwrap())
-                .unwrap();
-            msg.add_attribute(&Nonce::new(&self.nonce).unwrap())
-                .unwrap();
-            let key: MessageIntegrityCredentials =
-                LongTermKeyCredentials::new("user1".into(), "pa$$w0rd".into(), self.realm.clone())
-                    .into();
-            msg.add_message_integrity(&key, IntegrityAlgorithm::Sha1)
-                .unwrap();
-        }
-        self.conn.write_all(&msg.finish()).unwrap();
-        let mut header = [0u8; 20];
-        self.conn.read_exact(&mut header).unwrap();
-        let mut reply = header.to_vec();
-        reply.resize(
-            20 + usize::from(u16::from_be_bytes([header[2], header[3]])),
-            0,
-        );
-        self.conn.read_exact(&mut reply[20..]).unwrap();
-        reply
-    }
-
-    /// Connects, allocates and permits `peer`; returns the client and its relay address.
-    fn allocate(server: &str, peer: std::net::SocketAddr) -> (TcpTurnClient, std::net::SocketAddr) {
-        use stun_proto::types::attribute::{Nonce, Realm};
-        use stun_proto::types::message::{Message, MessageClass, MessageWriteExt};
-        use turn_types::attribute::{RequestedTransport, XorPeerAddress, XorRelayedAddress};
-        use turn_types::message::{ALLOCATE, CREATE_PERMISSION};
-        let conn = std::net::TcpStream::connect(server).unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut client = TcpTurnClient {
-            conn,
-            realm: String::new(),
-            nonce: String::new(),
-        };
-        let udp = |m: &mut stun_proto::types::message::MessageWriteVec, _| {
-            m.add_attribute(&RequestedTransport::new(17)).unwrap();
-        };
-        let challenge = client.request(ALLOCATE, &udp);
-        let challenge = Message::from_bytes(&challenge).unwrap();
-        client.realm = challenge.attribute::<Realm>().unwrap().realm().to_owned();
-        client.nonce = challenge.attribute::<Nonce>().unwrap().nonce().to_owned();
-        let reply = client.request(ALLOCATE, &udp);
-        let reply = Message::from_bytes(&reply).unwrap();
-        assert_eq!(reply.class(), MessageClass::Success);
-        let relay = reply
-            .attribute::<XorRelayedAddress>()
-            .unwrap()
-            .addr(reply.transaction_id());
-        let permit = move |m: &mut stun_proto::types::message::MessageWriteVec, txid| {
-            m.add_attribute(&XorPeerAddress::new(peer, txid)).unwrap();
-        };
-        let reply = client.request(CREATE_PERMISSION, &permit);
-        assert_eq!(
-            Message::from_bytes(&reply).unwrap().class(),
-            MessageClass::Success
-        );
-        (client, relay)
-    }
+/// A TURN client over its own TCP connection (turnperf's blocking client): allocates with
+/// long-term credentials and permits `peer`; returns it and its relay address.
+fn tcp_allocation(
+    server: &str,
+    peer: std::net::SocketAddr,
+) -> (uturn_perf::client::BenchClient, std::net::SocketAddr) {
+    let mut client = uturn_perf::client::BenchClient::allocate_over(
+        server.parse().unwrap(),
+        "user1",
+        "pa$$w0rd",
+        true,
+    )
+    .expect("allocate over TCP");
+    client.create_permission(peer).expect("permission");
+    let relay = client.relay;
+    (client, relay)
 }
 
 fn metric(port: u16, line_start: &str) -> Option<f64> {
@@ -739,8 +667,7 @@ fn a_client_that_stops_reading_cannot_hold_the_shard() {
     let _server = stunnerd(&["-c", &config.origin()], "1");
     let _peer = turnutils_peer(peer_port);
     let flooder = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let (slow, relay) =
-        TcpTurnClient::allocate(&format!("127.0.0.1:{tcp}"), flooder.local_addr().unwrap());
+    let (slow, relay) = tcp_allocation(&format!("127.0.0.1:{tcp}"), flooder.local_addr().unwrap());
     // The peer floods the client that never reads: 40 000 × 1000 bytes, far more than the
     // kernel's socket buffers and uturn's per-connection queue hold, paced over ~4 s.
     let flood = std::thread::spawn(move || {
@@ -792,8 +719,7 @@ fn closing_a_connection_frees_its_allocation_and_a_stalled_tls_handshake_is_cut_
     let stalled_at = std::time::Instant::now();
     let active = || metric(metrics, "stunner_allocations_active ");
     let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let (client, _relay) =
-        TcpTurnClient::allocate(&format!("127.0.0.1:{tcp}"), peer.local_addr().unwrap());
+    let (client, _relay) = tcp_allocation(&format!("127.0.0.1:{tcp}"), peer.local_addr().unwrap());
     // Counters are published every 100 ms.
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(active(), Some(1.0));
