@@ -48,6 +48,7 @@ fn bench(engine: IoEngine, quick: bool) {
         snapshot,
         nonce_key: [9; 32],
         engine,
+        limits: Default::default(),
     })
     .unwrap();
     std::thread::sleep(Duration::from_millis(300));

@@ -78,14 +78,17 @@ impl Reply {
 
 impl Harness {
     fn new(auth: &str) -> Harness {
-        let cfg = parse_config(&config(auth)).expect("config");
+        Harness::with(&config(auth), |_| {})
+    }
+
+    /// A harness on config text `yaml`, with the engine config adjusted by `tune`.
+    fn with(yaml: &str, tune: impl FnOnce(&mut EngineConfig)) -> Harness {
+        let cfg = parse_config(yaml).expect("config");
         let now = Instant::now();
+        let mut engine_config = EngineConfig::new(now, EPOCH_UNIX, [42; 32]);
+        tune(&mut engine_config);
         Harness {
-            engine: Engine::new(EngineConfig {
-                epoch: now,
-                epoch_unix: EPOCH_UNIX,
-                nonce_key: [42; 32],
-            }),
+            engine: Engine::new(engine_config),
             snap: Snapshot::from_config(&cfg, 1, &|_| Vec::new()),
             now,
             out: vec![0; 2048],
@@ -209,6 +212,26 @@ impl Client {
         self.nonce = msg.attribute::<Nonce>().unwrap().nonce().to_string();
     }
 
+    /// Sends `method` authenticated from `from`, learning that address's nonce first.
+    fn call_from(
+        &mut self,
+        h: &mut Harness,
+        from: &str,
+        method: Method,
+        attrs: Attrs<'_>,
+    ) -> Reply {
+        let challenge = h.request(
+            from,
+            &self.build(method, TransactionId::generate(), attrs, false),
+        );
+        assert_eq!(challenge.error_code(), Some(401));
+        self.learn(&challenge);
+        h.request(
+            from,
+            &self.build(method, TransactionId::generate(), attrs, true),
+        )
+    }
+
     /// Sends `method` authenticated, learning a nonce first when needed.
     fn call(&mut self, h: &mut Harness, method: Method, attrs: Attrs<'_>) -> Reply {
         if self.nonce.is_empty() {
@@ -276,19 +299,302 @@ fn send_indication(peer: &str, payload: &[u8]) -> Vec<u8> {
 }
 
 #[test]
-fn binding_is_answered_without_auth_with_fingerprint() {
+fn binding_is_answered_without_auth_and_at_most_about_twice_its_size() {
     let mut h = Harness::new(STATIC_AUTH);
-    let req = Message::builder_request(BINDING, MessageWriteVec::new()).finish();
-    let reply = h.request(CLIENT, &req);
-    let msg = reply.msg();
-    assert_eq!(msg.class(), MessageClass::Success);
-    let mapped = msg
-        .attribute::<XorMappedAddress>()
-        .unwrap()
-        .addr(msg.transaction_id());
-    assert_eq!(mapped, CLIENT.parse::<SocketAddr>().unwrap());
-    assert!(msg.has_attribute(Fingerprint::TYPE));
-    assert!(!msg.has_attribute(MessageIntegrity::TYPE));
+    let bare = Message::builder_request(BINDING, MessageWriteVec::new()).finish();
+    let mut with_fp = Message::builder_request(BINDING, MessageWriteVec::new());
+    with_fp.add_fingerprint().unwrap();
+    let with_fp = with_fp.finish();
+    // (request, source, response size, FINGERPRINT in the response)
+    for (req, from, size, fingerprint) in [
+        (&bare, CLIENT, 32, false),
+        (&bare, "[2001:db8::1]:40000", 44, false),
+        (&with_fp, CLIENT, 40, true),
+        (&with_fp, "[2001:db8::1]:40000", 52, true),
+    ] {
+        let reply = h.request(from, req);
+        let msg = reply.msg();
+        assert_eq!(msg.class(), MessageClass::Success);
+        let mapped = msg
+            .attribute::<XorMappedAddress>()
+            .unwrap()
+            .addr(msg.transaction_id());
+        assert_eq!(mapped, from.parse::<SocketAddr>().unwrap());
+        assert_eq!(reply.bytes.len(), size, "{from} fingerprint={fingerprint}");
+        assert!(reply.bytes.len() as f64 <= 2.2 * req.len() as f64);
+        assert_eq!(msg.has_attribute(Fingerprint::TYPE), fingerprint);
+        assert!(!msg.has_attribute(MessageIntegrity::TYPE));
+        // No SOFTWARE (0x8022), ever.
+        assert!(msg.raw_attribute(AttributeType::new(0x8022)).is_none());
+    }
+}
+
+fn unauthenticated_allocate() -> Vec<u8> {
+    Client::new("user1", "pass1").build(ALLOCATE, TransactionId::generate(), &udp, false)
+}
+
+#[test]
+fn challenges_to_one_source_ip_are_rate_limited_on_udp_only() {
+    let mut h = Harness::with(&config(STATIC_AUTH), |c| {
+        c.limits.challenge_rate = 10;
+        c.limits.challenge_burst = 5;
+    });
+    let req = unauthenticated_allocate();
+    let outcomes: Vec<ClientAction> = (0..20)
+        .map(|i| h.send(&format!("192.0.2.10:{}", 40000 + i), &req))
+        .collect();
+    // The budget is per IP, whatever the port.
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|a| matches!(a, ClientAction::Reply(_)))
+            .count(),
+        5
+    );
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|a| **a == ClientAction::Drop(DropReason::RateLimited))
+            .count(),
+        15
+    );
+    assert_eq!(
+        h.engine.stats().dropped[DropReason::RateLimited.index()],
+        15
+    );
+    // Another source still gets its challenge.
+    assert_eq!(h.request("192.0.2.99:40000", &req).error_code(), Some(401));
+    // 10 per second once the burst is spent.
+    h.now += Duration::from_millis(500);
+    let later = (0..20)
+        .filter(|_| matches!(h.send(CLIENT, &req), ClientAction::Reply(_)))
+        .count();
+    assert_eq!(later, 5);
+    // A Binding (not a challenge) is never limited, and no allocation exists.
+    let binding = Message::builder_request(BINDING, MessageWriteVec::new()).finish();
+    assert_eq!(h.request(CLIENT, &binding).class(), MessageClass::Success);
+    assert_eq!(h.engine.allocation_count(), 0);
+    // DTLS (and TCP/TLS) sources proved their address with a handshake: not limited.
+    let mut dtls = h.snap.listeners[0].clone();
+    dtls.protocol = uturn_shared::config::ListenerProtocol::TurnDtls;
+    for _ in 0..20 {
+        let action = h.engine.handle_client(
+            h.now,
+            &h.snap,
+            ListenerRef {
+                id: ListenerId(2),
+                spec: &dtls,
+            },
+            CLIENT.parse().unwrap(),
+            &req,
+            &mut h.out,
+        );
+        assert!(matches!(action, ClientAction::Reply(_)), "{action:?}");
+    }
+}
+
+fn quota_config(quota: u32) -> String {
+    let auth = "  type: ephemeral\n  credentials:\n    secret: s3cr3t";
+    format!("admin:\n  user_quota: {quota}\n{}", config(auth))
+}
+
+fn ephemeral_client(user_id: &str) -> Client {
+    let user = ephemeral_username(EPOCH_UNIX + 3600, user_id);
+    Client::new(&user, &ephemeral_password("s3cr3t", &user))
+}
+
+#[test]
+fn user_quota_gives_486_per_user_id_and_is_released_at_once() {
+    let mut h = Harness::with(&quota_config(2), |_| {});
+    let mut alice = ephemeral_client("alice");
+    let a1 = "192.0.2.10:1001";
+    let a2 = "192.0.2.10:1002";
+    let a3 = "192.0.2.10:1003";
+    for from in [a1, a2] {
+        let reply = alice.call_from(&mut h, from, ALLOCATE, &udp);
+        assert_eq!(reply.class(), MessageClass::Success);
+    }
+    let refused = alice.call_from(&mut h, a3, ALLOCATE, &udp);
+    assert_eq!(refused.error_code(), Some(486));
+    // Signed with the user's key, so the client trusts it.
+    assert!(refused.msg().has_attribute(MessageIntegrity::TYPE));
+    // The same user-id under another expiry is the same user.
+    let mut alice_later = {
+        let user = ephemeral_username(EPOCH_UNIX + 7200, "alice");
+        Client::new(&user, &ephemeral_password("s3cr3t", &user))
+    };
+    assert_eq!(
+        alice_later
+            .call_from(&mut h, a3, ALLOCATE, &udp)
+            .error_code(),
+        Some(486)
+    );
+    // Another user is not affected.
+    let mut bob = ephemeral_client("bob");
+    assert_eq!(
+        bob.call_from(&mut h, "192.0.2.20:2000", ALLOCATE, &udp)
+            .class(),
+        MessageClass::Success
+    );
+    // A Refresh to 0 releases the quota at once.
+    let zero =
+        |m: &mut MessageWriteVec, _: TransactionId| m.add_attribute(&Lifetime::new(0)).unwrap();
+    let deleted = alice.call_from(&mut h, a1, REFRESH, &zero);
+    assert_eq!(deleted.class(), MessageClass::Success);
+    assert_eq!(
+        alice.call_from(&mut h, a3, ALLOCATE, &udp).class(),
+        MessageClass::Success
+    );
+    assert_eq!(
+        alice.call_from(&mut h, a1, ALLOCATE, &udp).error_code(),
+        Some(486)
+    );
+    // Expiry releases it too (allocations here live the default 600 s).
+    h.advance(601);
+    assert_eq!(h.engine.allocation_count(), 0);
+    for from in [a1, a2] {
+        assert_eq!(
+            alice.call_from(&mut h, from, ALLOCATE, &udp).class(),
+            MessageClass::Success
+        );
+    }
+    assert_eq!(h.engine.stats().quota_refusals, 3);
+}
+
+#[test]
+fn user_quota_zero_means_no_quota() {
+    let mut h = Harness::with(&quota_config(0), |_| {});
+    let mut alice = ephemeral_client("alice");
+    for port in 0..50 {
+        let from = format!("192.0.2.10:{}", 1000 + port);
+        assert_eq!(
+            alice.call_from(&mut h, &from, ALLOCATE, &udp).class(),
+            MessageClass::Success
+        );
+    }
+}
+
+#[test]
+fn global_cap_gives_508_across_shards_sharing_a_ledger() {
+    let ledger = std::sync::Arc::new(uturn_dataplane::proto::AllocationLedger::new());
+    let tune = |c: &mut EngineConfig| {
+        c.limits.max_allocations = 2;
+        c.ledger = ledger.clone();
+    };
+    let mut shard0 = Harness::with(&config(STATIC_AUTH), tune);
+    let mut shard1 = Harness::with(&config(STATIC_AUTH), tune);
+    let mut c = Client::new("user1", "pass1");
+    assert_eq!(
+        c.call_from(&mut shard0, "192.0.2.10:1", ALLOCATE, &udp)
+            .class(),
+        MessageClass::Success
+    );
+    assert_eq!(
+        c.call_from(&mut shard1, "192.0.2.10:2", ALLOCATE, &udp)
+            .class(),
+        MessageClass::Success
+    );
+    assert_eq!(
+        c.call_from(&mut shard0, "192.0.2.10:3", ALLOCATE, &udp)
+            .error_code(),
+        Some(508)
+    );
+    assert_eq!(ledger.total(), 2);
+    shard1.advance(601);
+    assert_eq!(ledger.total(), 1);
+    assert_eq!(
+        c.call_from(&mut shard0, "192.0.2.10:3", ALLOCATE, &udp)
+            .class(),
+        MessageClass::Success
+    );
+}
+
+#[test]
+fn relay_bind_failure_gives_508_and_holds_nothing() {
+    let mut h = Harness::with(&quota_config(1), |_| {});
+    let mut alice = ephemeral_client("alice");
+    let from = "192.0.2.10:1001";
+    let challenge = h.request(
+        from,
+        &alice.build(ALLOCATE, TransactionId::generate(), &udp, false),
+    );
+    alice.learn(&challenge);
+    let spec = h.snap.listeners[0].clone();
+    let req = alice.build(ALLOCATE, TransactionId::generate(), &udp, true);
+    let action = h.engine.handle_client(
+        h.now,
+        &h.snap,
+        ListenerRef {
+            id: ListenerId(1),
+            spec: &spec,
+        },
+        from.parse().unwrap(),
+        &req,
+        &mut h.out,
+    );
+    let ClientAction::AllocateRelay(request) = action else {
+        panic!("{action:?}");
+    };
+    let n = h
+        .engine
+        .complete_allocate(h.now, request.relay, Err(()), &mut h.out)
+        .unwrap();
+    let reply = Reply {
+        bytes: h.out[..n].to_vec(),
+    };
+    assert_eq!(reply.error_code(), Some(508));
+    assert_eq!(h.engine.allocation_count(), 0);
+    // The failed attempt took none of the user's quota of 1: the retry succeeds.
+    assert_eq!(
+        alice.call_from(&mut h, from, ALLOCATE, &udp).class(),
+        MessageClass::Success
+    );
+}
+
+#[test]
+fn permissions_and_channels_per_allocation_are_capped() {
+    let mut h = Harness::with(&config(STATIC_AUTH), |c| c.limits.max_permissions = 3);
+    let (mut c, _) = allocate(&mut h);
+    for peer in ["10.0.0.1:5000", "10.0.0.2:5000", "10.0.0.3:5000"] {
+        let reply = c.call(&mut h, CREATE_PERMISSION, &peer_attr(peer));
+        assert_eq!(reply.class(), MessageClass::Success, "{peer}");
+    }
+    // Refreshing one held is fine; a fourth is not.
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &peer_attr("10.0.0.1:5000"))
+            .class(),
+        MessageClass::Success
+    );
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &peer_attr("10.0.0.4:5000"))
+            .error_code(),
+        Some(508)
+    );
+    // Channels: three to the permitted IPs, then 508.
+    for (n, peer) in [
+        (0x4000, "10.0.0.1:5000"),
+        (0x4001, "10.0.0.1:5001"),
+        (0x4002, "10.0.0.2:5000"),
+    ] {
+        let reply = c.call(&mut h, CHANNEL_BIND, &channel_attrs(n, peer));
+        assert_eq!(reply.class(), MessageClass::Success, "{peer}");
+    }
+    assert_eq!(
+        c.call(
+            &mut h,
+            CHANNEL_BIND,
+            &channel_attrs(0x4003, "10.0.0.3:5000")
+        )
+        .error_code(),
+        Some(508)
+    );
+    // Once the permissions expire (300 s) the room is back.
+    h.advance(301);
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &peer_attr("10.0.0.4:5000"))
+            .class(),
+        MessageClass::Success
+    );
 }
 
 #[test]

@@ -78,6 +78,8 @@ pub struct Snapshot {
     pub listeners: Vec<ListenerSpec>,
     /// Clusters, in config order.
     pub clusters: Vec<ClusterSpec>,
+    /// `admin.user_quota`: allocations one user-id may hold at once; 0 means no quota.
+    pub user_quota: u32,
     routes: Vec<Route>,
     /// The listeners' advertised (relay) addresses: never a peer unless a routed cluster lists
     /// that exact address.
@@ -186,6 +188,7 @@ impl Snapshot {
             auth: Authenticator::from_config(&config.auth),
             listeners,
             clusters,
+            user_quota: u32::try_from(config.admin.user_quota.max(0)).unwrap_or(u32::MAX),
             routes,
             own_ips,
         }

@@ -81,6 +81,8 @@ pub struct ShardReport {
     pub dropped: [u64; DropReason::ALL.len()],
     /// Requests rejected for their credentials (401 or 438 sent).
     pub auth_failed: u64,
+    /// Allocates refused for a quota (486 per user-id, 508 for the global cap).
+    pub quota_refused: u64,
     /// Datagrams the kernel would not take (a full socket buffer, or a send error).
     pub send_failed: u64,
 }
@@ -208,12 +210,14 @@ pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
     );
     let mut dropped = [0u64; DropReason::ALL.len()];
     let mut auth_failed = 0;
+    let mut quota_refused = 0;
     let mut send_failed = 0;
     for report in &reports {
         for (total, n) in dropped.iter_mut().zip(report.dropped) {
             *total += n;
         }
         auth_failed += report.auth_failed;
+        quota_refused += report.quota_refused;
         send_failed += report.send_failed;
     }
     for reason in DropReason::ALL {
@@ -227,6 +231,10 @@ pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
     let _ = writeln!(
         out,
         "uturn_dropped_datagrams_total{{reason=\"auth_failed\"}} {auth_failed}"
+    );
+    let _ = writeln!(
+        out,
+        "uturn_dropped_datagrams_total{{reason=\"quota\"}} {quota_refused}"
     );
     let _ = writeln!(
         out,

@@ -40,6 +40,8 @@ pub struct DataplaneConfig {
     pub nonce_key: [u8; 32],
     /// What waits for the sockets: io_uring or epoll (see [`select_engine`]).
     pub engine: IoEngine,
+    /// Quotas and rate limits set by flags.
+    pub limits: crate::proto::Limits,
 }
 
 /// The CPUs this process may use: `available_parallelism` (cgroup quota and affinity aware).
@@ -139,6 +141,8 @@ impl Dataplane {
             .unwrap_or(0);
         let mut threads = Vec::with_capacity(shards);
         let placement = shard_placement(shards, &allowed_cpus());
+        // One ledger for all shards: a user's quota counts allocations on every shard.
+        let ledger = Arc::new(crate::proto::AllocationLedger::new());
         for (index, &cpu) in placement.iter().enumerate() {
             match cpu {
                 Some(cpu) => tracing::info!(target: "stunnerd", "shard {index} on CPU {cpu}"),
@@ -158,6 +162,8 @@ impl Dataplane {
                     epoch,
                     epoch_unix,
                     nonce_key: config.nonce_key,
+                    limits: config.limits,
+                    ledger: ledger.clone(),
                 },
                 stop: stop.clone(),
                 stats: stats.clone(),

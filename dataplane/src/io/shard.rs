@@ -1082,6 +1082,7 @@ impl<D: Driver> Shard<D> {
             clusters: self.counters.clusters.clone(),
             dropped: engine.dropped,
             auth_failed: engine.auth_failures,
+            quota_refused: engine.quota_refusals,
             send_failed: self.counters.send_failed,
         };
         report.dropped[DropReason::Malformed.index()] += self.counters.unparsed;

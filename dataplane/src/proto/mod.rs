@@ -12,16 +12,19 @@
 //! 3. When [`Engine::poll_timeout`] passes, call [`Engine::handle_timeout`].
 //! 4. After any call, drain [`Engine::poll_close`] and close those relay sockets.
 
+pub mod limits;
 mod nonce;
 pub mod ratelimit;
 mod wire;
 
+pub use limits::{AllocationLedger, Limits};
 pub use nonce::{NonceCheck, NonceIssuer, NONCE_LIFETIME_SECS};
 
 use foldhash::fast::RandomState;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stun_proto::types::attribute::{
     Attribute, AttributeStaticType, MessageIntegrity, MessageIntegritySha256, Nonce, Realm,
@@ -37,6 +40,7 @@ use turn_types::attribute::{
 };
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, REFRESH, SEND};
 use turn_types::AddressFamily;
+use uturn_shared::config::ListenerProtocol;
 use uturn_shared::snapshot::{canonical_ip, ClusterId, ListenerSpec, Snapshot};
 use wire::{ErrorReply, ResponseWriter};
 
@@ -52,8 +56,6 @@ pub const CHANNEL_LIFETIME: Duration = Duration::from_secs(600);
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Bytes the shell leaves free in front of a peer datagram, so ChannelData can be framed in place.
 pub const PEER_HEADROOM: usize = 4;
-/// Most permissions one allocation may hold (more gets 508).
-pub const MAX_PERMISSIONS_PER_ALLOCATION: usize = 256;
 
 /// Channel numbers accepted (RFC 5766 range, as pion; RFC 8656 clients use a subset).
 pub const CHANNEL_NUMBERS: std::ops::RangeInclusive<u16> = 0x4000..=0x7FFF;
@@ -178,11 +180,13 @@ pub enum DropReason {
     NotAdmitted,
     /// The output buffer was too small (our bug).
     Internal,
+    /// A 401/438 challenge not sent: its source IP spent its challenge budget (TURN-UDP).
+    RateLimited,
 }
 
 impl DropReason {
     /// Every reason, for counters.
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 8] = [
         DropReason::Malformed,
         DropReason::Unhandled,
         DropReason::NoAllocation,
@@ -190,6 +194,7 @@ impl DropReason {
         DropReason::NoPermission,
         DropReason::NotAdmitted,
         DropReason::Internal,
+        DropReason::RateLimited,
     ];
 
     /// Stable index into counter arrays.
@@ -207,6 +212,7 @@ impl DropReason {
             DropReason::NoPermission => "no_permission",
             DropReason::NotAdmitted => "not_admitted",
             DropReason::Internal => "internal",
+            DropReason::RateLimited => "rate_limited",
         }
     }
 }
@@ -221,19 +227,38 @@ pub struct EngineConfig {
     pub epoch_unix: u64,
     /// Secret for stateless nonces; share it between shards so any shard accepts them.
     pub nonce_key: [u8; 32],
+    /// Caps set by flags.
+    pub limits: Limits,
+    /// Allocations held per user-id and in all; share it between shards.
+    pub ledger: Arc<AllocationLedger>,
+}
+
+impl EngineConfig {
+    /// A config with default [`Limits`] and a ledger of its own.
+    pub fn new(epoch: Instant, epoch_unix: u64, nonce_key: [u8; 32]) -> EngineConfig {
+        EngineConfig {
+            epoch,
+            epoch_unix,
+            nonce_key,
+            limits: Limits::default(),
+            ledger: Arc::new(AllocationLedger::new()),
+        }
+    }
 }
 
 /// Per-shard counters, plain integers (the shard owns them).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EngineStats {
     /// Datagrams dropped, by [`DropReason::index`].
-    pub dropped: [u64; 7],
+    pub dropped: [u64; DropReason::ALL.len()],
     /// Allocations ever created.
     pub allocations_created: u64,
     /// Allocations that expired or were deleted.
     pub allocations_deleted: u64,
     /// Requests whose credentials were refused (a 401 to a request with MESSAGE-INTEGRITY).
     pub auth_failures: u64,
+    /// Allocates refused for a quota: the user-id's (486) or the global cap (508).
+    pub quota_refusals: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -262,6 +287,8 @@ struct Allocation {
     listener_name: String,
     family: Family,
     username: String,
+    /// Whose quota the allocation counts against.
+    user_id: String,
     expires_at: Instant,
     allocate_txid: TransactionId,
     allocate_response: Vec<u8>,
@@ -276,6 +303,7 @@ struct PendingAllocate {
     advertised_ip: IpAddr,
     family: Family,
     username: String,
+    user_id: String,
     integrity: IntegrityKey,
     lifetime: Duration,
     txid: TransactionId,
@@ -284,6 +312,7 @@ struct PendingAllocate {
 /// An authenticated request: who sent it and the key its response is signed with.
 struct Authed {
     username: String,
+    user_id: String,
     integrity: IntegrityKey,
 }
 
@@ -300,12 +329,18 @@ pub struct Engine {
     indication_counter: u64,
     stats: EngineStats,
     denial_log: ratelimit::LogLimiter,
+    challenges: limits::ChallengeLimiter,
 }
 
 impl Engine {
     /// A new engine with no allocations.
     pub fn new(config: EngineConfig) -> Engine {
         Engine {
+            challenges: limits::ChallengeLimiter::new(
+                config.limits.challenge_rate,
+                config.limits.challenge_burst,
+                config.epoch,
+            ),
             nonces: NonceIssuer::new(config.nonce_key),
             config,
             slots: Vec::new(),
@@ -468,7 +503,17 @@ impl Engine {
         }
         let authed = match self.authenticate(now, snap, from, msg) {
             Ok(authed) => authed,
-            Err(reply) => return self.reply_error(msg, reply, None, out),
+            Err(reply) => {
+                // Challenges are the one reply an unauthenticated (possibly spoofed) source
+                // gets larger than its request: budget them per source IP on UDP.
+                if matches!(reply.code, 401 | 438)
+                    && listener.spec.protocol == ListenerProtocol::TurnUdp
+                    && !self.challenges.allow(from.ip(), now)
+                {
+                    return ClientAction::Drop(self.dropped(DropReason::RateLimited));
+                }
+                return self.reply_error(msg, reply, None, out);
+            }
         };
         let existing = self.by_client.get(&key).copied();
         if method == ALLOCATE {
@@ -481,7 +526,7 @@ impl Engine {
                     out,
                 );
             }
-            return self.handle_allocate(listener, key, authed, msg, out);
+            return self.handle_allocate(snap, listener, key, authed, msg, out);
         }
         // RFC 8656 §7.3, §9.2, §11.2: no allocation on this 5-tuple → 437.
         let Some(slot) = existing else {
@@ -600,12 +645,14 @@ impl Engine {
         }
         Ok(Authed {
             username: username.username().to_owned(),
+            user_id: credentials.user_id,
             integrity,
         })
     }
 
     fn handle_allocate(
         &mut self,
+        snap: &Snapshot,
         listener: ListenerRef<'_>,
         key: ClientKey,
         authed: Authed,
@@ -688,6 +735,17 @@ impl Engine {
         } else {
             lifetime
         };
+        // Reserved here, released in `complete_allocate` on a bind failure or in
+        // `delete_allocation`.
+        let (quota, cap) = (snap.user_quota, self.config.limits.max_allocations);
+        if let Err(refused) = self.config.ledger.reserve(&authed.user_id, quota, cap) {
+            self.stats.quota_refusals += 1;
+            let reply = match refused {
+                limits::QuotaError::User => ErrorReply::new(486, "Allocation Quota Reached"),
+                limits::QuotaError::Global => ErrorReply::new(508, "Insufficient Capacity"),
+            };
+            return self.reply_error(msg, reply, integrity, out);
+        }
         let slot = match self.free_slots.pop() {
             Some(s) => s,
             None => {
@@ -702,6 +760,7 @@ impl Engine {
             advertised_ip,
             family,
             username: authed.username,
+            user_id: authed.user_id,
             integrity: authed.integrity,
             lifetime,
             txid: msg.transaction_id(),
@@ -728,6 +787,7 @@ impl Engine {
             Ok(port) => port,
             Err(()) => {
                 self.free_slots.push(relay.0);
+                self.config.ledger.release(&pending.user_id);
                 return wire::error_response_raw(
                     ALLOCATE,
                     pending.txid,
@@ -738,19 +798,27 @@ impl Engine {
             }
         };
         let relay_addr = SocketAddr::new(pending.advertised_ip, port);
-        let n = wire::allocate_success(
+        let Some(n) = wire::allocate_success(
             pending.txid,
             relay_addr,
             pending.key.client,
             pending.lifetime.as_secs() as u32,
             &pending.integrity,
             out,
-        )?;
+        ) else {
+            // `out` too small (our bug): the relay socket is closed and nothing is held.
+            self.free_slots.push(relay.0);
+            self.closes.push(relay);
+            self.config.ledger.release(&pending.user_id);
+            self.dropped(DropReason::Internal);
+            return None;
+        };
         self.slots[relay.0 as usize] = Some(Allocation {
             key: pending.key,
             listener_name: pending.listener_name,
             family: pending.family,
             username: pending.username,
+            user_id: pending.user_id,
             expires_at: now + pending.lifetime,
             allocate_txid: pending.txid,
             allocate_response: out[..n].to_vec(),
@@ -804,6 +872,7 @@ impl Engine {
         slot: u32,
         msg: &Message<'_>,
     ) -> Result<Option<u32>, ErrorReply> {
+        let max_permissions = self.config.limits.max_permissions;
         let Some(alloc) = self.slots[slot as usize].as_mut() else {
             return Err(ErrorReply::new(437, "Allocation Mismatch"));
         };
@@ -834,7 +903,7 @@ impl Engine {
             }
         }
         for ip in peers {
-            install_permission(alloc, ip, now)?;
+            install_permission(alloc, ip, now, max_permissions)?;
         }
         Ok(None)
     }
@@ -846,6 +915,7 @@ impl Engine {
         slot: u32,
         msg: &Message<'_>,
     ) -> Result<Option<u32>, ErrorReply> {
+        let max_permissions = self.config.limits.max_permissions;
         let Some(alloc) = self.slots[slot as usize].as_mut() else {
             return Err(ErrorReply::new(437, "Allocation Mismatch"));
         };
@@ -879,7 +949,15 @@ impl Engine {
         if !route.is_some_and(|r| snap.permits_ip(r, peer.ip())) {
             return Err(denied(&mut self.denial_log, now, alloc, peer.ip()));
         }
-        install_permission(alloc, peer.ip(), now)?;
+        let bound = alloc.channels.iter().any(|c| c.number == number);
+        if !bound {
+            // Channels to one peer IP share its permission; cap them as permissions are.
+            alloc.channels.retain(|c| c.expires_at > now);
+            if alloc.channels.len() >= max_permissions {
+                return Err(ErrorReply::new(508, "Insufficient Capacity"));
+            }
+        }
+        install_permission(alloc, peer.ip(), now, max_permissions)?;
         match alloc.channels.iter_mut().find(|c| c.number == number) {
             Some(channel) => {
                 channel.peer = peer;
@@ -1068,6 +1146,7 @@ impl Engine {
             self.free_slots.push(slot);
             self.closes.push(RelayId(slot));
             self.stats.allocations_deleted += 1;
+            self.config.ledger.release(&alloc.user_id);
         }
     }
 }
@@ -1136,14 +1215,19 @@ fn denied(
     ErrorReply::new(403, "Forbidden")
 }
 
-fn install_permission(alloc: &mut Allocation, ip: IpAddr, now: Instant) -> Result<(), ErrorReply> {
+fn install_permission(
+    alloc: &mut Allocation,
+    ip: IpAddr,
+    now: Instant,
+    max_permissions: usize,
+) -> Result<(), ErrorReply> {
     let ip = canonical_ip(ip);
     if let Some(p) = alloc.permissions.iter_mut().find(|p| p.ip == ip) {
         p.expires_at = now + PERMISSION_LIFETIME;
         return Ok(());
     }
     alloc.permissions.retain(|p| p.expires_at > now);
-    if alloc.permissions.len() >= MAX_PERMISSIONS_PER_ALLOCATION {
+    if alloc.permissions.len() >= max_permissions {
         return Err(ErrorReply::new(508, "Insufficient Capacity"));
     }
     alloc.permissions.push(Permission {

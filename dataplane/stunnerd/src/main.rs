@@ -67,6 +67,19 @@ struct Cli {
         value_parser = ["auto", "uring", "epoll"]
     )]
     io_engine: String,
+    /// uturn: allocations held by all clients together; more get 508 (0: no cap).
+    #[arg(long = "max-allocations", value_name = "N", default_value_t = uturn_dataplane::proto::limits::DEFAULT_MAX_ALLOCATIONS)]
+    max_allocations: usize,
+    /// uturn: permissions (and channels) one allocation may hold; more get 508.
+    #[arg(long = "max-permissions", value_name = "N", default_value_t = uturn_dataplane::proto::limits::DEFAULT_MAX_PERMISSIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    max_permissions: u32,
+    /// uturn: 401/438 challenges per second per source IP on TURN-UDP, beyond which they are
+    /// dropped and counted (0: no limit).
+    #[arg(long = "challenge-rate", value_name = "N", default_value_t = uturn_dataplane::proto::limits::DEFAULT_CHALLENGE_RATE)]
+    challenge_rate: u32,
+    /// uturn: challenges a source IP may get at once before --challenge-rate applies.
+    #[arg(long = "challenge-burst", value_name = "N", default_value_t = uturn_dataplane::proto::limits::DEFAULT_CHALLENGE_BURST, value_parser = clap::value_parser!(u32).range(1..))]
+    challenge_burst: u32,
     /// Same as -l all:DEBUG.
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
@@ -331,6 +344,12 @@ fn main() -> ExitCode {
         snapshot: snapshot.clone(),
         nonce_key,
         engine,
+        limits: uturn_dataplane::proto::Limits {
+            challenge_rate: cli.challenge_rate,
+            challenge_burst: cli.challenge_burst,
+            max_allocations: cli.max_allocations,
+            max_permissions: cli.max_permissions as usize,
+        },
     }) {
         Ok(d) => d,
         Err(e) => {
