@@ -598,6 +598,80 @@ fn permissions_and_channels_per_allocation_are_capped() {
 }
 
 #[test]
+fn create_permission_over_the_cap_installs_and_refreshes_nothing() {
+    let mut h = Harness::with(&config(STATIC_AUTH), |c| c.limits.max_permissions = 2);
+    let (mut c, _) = allocate(&mut h);
+    let held = c.call(&mut h, CREATE_PERMISSION, &peer_attr("10.0.0.1:5000"));
+    assert_eq!(held.class(), MessageClass::Success);
+    // Two new peers where only one fits: 508, and neither is installed (RFC 8656 §9.2).
+    h.advance(200);
+    let two_new = |m: &mut MessageWriteVec, txid| {
+        for peer in ["10.0.0.1:5000", "10.0.0.8:5000", "10.0.0.9:5000"] {
+            m.add_attribute(&XorPeerAddress::new(peer.parse().unwrap(), txid))
+                .unwrap();
+        }
+    };
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &two_new).error_code(),
+        Some(508)
+    );
+    assert_eq!(
+        h.peer(RelayId(0), "10.0.0.8:5000", b"x").0,
+        PeerAction::Drop(DropReason::NoPermission)
+    );
+    // The held one was not refreshed by the refused request: it ends 300 s after it was made.
+    h.advance(101);
+    assert_eq!(
+        h.peer(RelayId(0), "10.0.0.1:5000", b"x").0,
+        PeerAction::Drop(DropReason::NoPermission)
+    );
+    // A peer named twice counts once.
+    let twice = |m: &mut MessageWriteVec, txid| {
+        for peer in ["10.0.0.8:5000", "10.0.0.8:6000", "10.0.0.9:5000"] {
+            m.add_attribute(&XorPeerAddress::new(peer.parse().unwrap(), txid))
+                .unwrap();
+        }
+    };
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &twice).class(),
+        MessageClass::Success
+    );
+}
+
+#[test]
+fn unknown_attributes_reply_is_bounded() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let c = Client::new("user1", "pass1");
+    // 1000 unknown comprehension-required attributes, 400 distinct: the 420 names 32, once each.
+    let many = |m: &mut MessageWriteVec, t| {
+        udp(m, t);
+        for i in 0..1000u16 {
+            m.add_attribute(&stun_proto::types::attribute::RawAttribute::new(
+                AttributeType::new(0x6000 + i % 400),
+                &[],
+            ))
+            .unwrap();
+        }
+    };
+    // Checked before authentication, as RFC 8489 §6.3.1 orders it.
+    let reply = h.request(
+        CLIENT,
+        &c.build(ALLOCATE, TransactionId::generate(), &many, false),
+    );
+    assert_eq!(reply.error_code(), Some(420));
+    let listed = reply
+        .msg()
+        .attribute::<stun_proto::types::attribute::UnknownAttributes>()
+        .unwrap();
+    let listed: Vec<u16> = (0x6000..0x6000 + 400)
+        .filter(|&t| listed.has_attribute(AttributeType::new(t)))
+        .collect();
+    assert_eq!(listed, (0x6000..0x6000 + 32).collect::<Vec<u16>>());
+    assert!(reply.bytes.len() <= 200, "{} bytes", reply.bytes.len());
+    assert_eq!(h.engine.allocation_count(), 0);
+}
+
+#[test]
 fn allocate_challenges_then_succeeds_with_advertised_relay_address() {
     let mut h = Harness::new(STATIC_AUTH);
     let (_, relay) = allocate(&mut h);

@@ -902,6 +902,20 @@ impl Engine {
                 return Err(denied(&mut self.denial_log, now, alloc, ip));
             }
         }
+        // RFC 8656 §9.2: permissions are installed only if the server can carry out the whole
+        // request, so the cap is checked for all new peers before any is installed or refreshed.
+        alloc.permissions.retain(|p| p.expires_at > now);
+        let mut new_peers = 0;
+        for (i, &ip) in peers.iter().enumerate() {
+            let ip = canonical_ip(ip);
+            let first_mention = !peers[..i].iter().any(|&q| canonical_ip(q) == ip);
+            if first_mention && !alloc.permissions.iter().any(|p| p.ip == ip) {
+                new_peers += 1;
+            }
+        }
+        if alloc.permissions.len() + new_peers > max_permissions {
+            return Err(ErrorReply::new(508, "Insufficient Capacity"));
+        }
         for ip in peers {
             install_permission(alloc, ip, now, max_permissions)?;
         }

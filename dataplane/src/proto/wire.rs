@@ -223,10 +223,25 @@ const KNOWN_REQUIRED: [u16; 22] = [
     0x0025, // USE-CANDIDATE
 ];
 
-/// The comprehension-required attributes of `msg` that we do not understand.
+/// The most attribute types a 420's UNKNOWN-ATTRIBUTES lists (64 bytes).
+const MAX_UNKNOWN_LISTED: usize = 32;
+
+/// The comprehension-required attributes of `msg` that we do not understand, each once, at
+/// most [`MAX_UNKNOWN_LISTED`].
 pub fn unknown_required_attributes(msg: &Message<'_>) -> Vec<AttributeType> {
-    msg.iter_attributes()
-        .map(|(_, attr)| attr.get_type())
-        .filter(|t| t.comprehension_required() && !KNOWN_REQUIRED.contains(&t.value()))
-        .collect()
+    let mut unknown: Vec<AttributeType> = Vec::new();
+    for t in msg.iter_attributes().map(|(_, attr)| attr.get_type()) {
+        if t.comprehension_required()
+            && !KNOWN_REQUIRED.contains(&t.value())
+            && !unknown.contains(&t)
+        {
+            unknown.push(t);
+            // A 420 names at most this many: a client sending more learns enough, and the
+            // reply stays small (it must fit the reply buffer of every transport).
+            if unknown.len() == MAX_UNKNOWN_LISTED {
+                break;
+            }
+        }
+    }
+    unknown
 }
