@@ -13,7 +13,8 @@
 use crate::input::Input;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use uturn_shared::config::{
-    parse_config, parse_config_with_env, parse_http_endpoint, parse_turn_uri, ServiceEndpoint, StaticEndpoint, StunnerConfig,
+    parse_config, parse_config_with_env, parse_http_endpoint, parse_turn_uri, ServiceEndpoint,
+    StaticEndpoint, StunnerConfig,
 };
 use uturn_shared::policy::{canonical_peer, endpoint_admits, in_prefix};
 use uturn_shared::snapshot::Snapshot;
@@ -84,8 +85,15 @@ fn endpoints(text: &str) {
                     "{line:?}: an IPv4-mapped prefix was kept as IPv6: {e:?}"
                 );
             }
-            assert_eq!(masked(e.addr, e.prefix_len), e.addr, "{line:?}: host bits set");
-            assert!(e.contains_ip(e.addr), "{line:?}: {e:?} does not contain itself");
+            assert_eq!(
+                masked(e.addr, e.prefix_len),
+                e.addr,
+                "{line:?}: host bits set"
+            );
+            assert!(
+                e.contains_ip(e.addr),
+                "{line:?}: {e:?} does not contain itself"
+            );
             assert!(in_prefix(e.addr, e.prefix_len, e.addr));
         }
         if let Ok(s) = ServiceEndpoint::parse(line) {
@@ -108,12 +116,20 @@ fn masked(ip: IpAddr, len: u8) -> IpAddr {
     match ip {
         IpAddr::V4(a) => {
             let bits = u32::from(a);
-            let mask = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };
+            let mask = if len == 0 {
+                0
+            } else {
+                u32::MAX << (32 - u32::from(len))
+            };
             IpAddr::V4(Ipv4Addr::from(bits & mask))
         }
         IpAddr::V6(a) => {
             let bits = u128::from(a);
-            let mask = if len == 0 { 0 } else { u128::MAX << (128 - u32::from(len)) };
+            let mask = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - u32::from(len))
+            };
             IpAddr::V6(Ipv6Addr::from(bits & mask))
         }
     }
@@ -204,7 +220,8 @@ fn check_snapshot(cfg: &StunnerConfig, snap: &Snapshot) {
                         e.addr,
                         e.prefix_len,
                         cip
-                    ) && (e.port_min..=e.port_max).contains(&port)),
+                    ) && (e.port_min..=e.port_max)
+                        .contains(&port)),
                     "{ip}:{port} admitted by cluster {c} but none of its endpoints admits it"
                 );
             }

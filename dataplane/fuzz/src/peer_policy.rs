@@ -159,7 +159,11 @@ fn expected(f: &Fixture, route: &str, peer: SocketAddr) -> Option<ClusterId> {
 
 fn check_peer(f: &Fixture, ip: IpAddr, port: u16, networks: &[(IpAddr, u8)]) {
     let c = canonical_peer(ip);
-    assert_eq!(canonical_peer(c), c, "canonical_peer not idempotent on {ip}");
+    assert_eq!(
+        canonical_peer(c),
+        c,
+        "canonical_peer not idempotent on {ip}"
+    );
     if ip.is_ipv4() {
         assert_eq!(c, ip, "canonical_peer changed IPv4 {ip}");
     }
@@ -168,7 +172,11 @@ fn check_peer(f: &Fixture, ip: IpAddr, port: u16, networks: &[(IpAddr, u8)]) {
     assert_eq!(s, std_scope(c), "scope({ip}) disagrees with std on {c}");
     for &(net, len) in networks {
         let admitted = endpoint_admits(net, len, ip);
-        assert_eq!(in_prefix(net, len, c), mask_in(net, len, c), "in_prefix({net}/{len}, {c})");
+        assert_eq!(
+            in_prefix(net, len, c),
+            mask_in(net, len, c),
+            "in_prefix({net}/{len}, {c})"
+        );
         if admitted {
             assert!(in_prefix(net, len, c), "{net}/{len} admits {ip} outside it");
         }
@@ -180,9 +188,16 @@ fn check_peer(f: &Fixture, ip: IpAddr, port: u16, networks: &[(IpAddr, u8)]) {
     for route_name in ["all", "world", "private"] {
         let route = f.snap.route(route_name).expect("route");
         let got = f.snap.admits(route, peer);
-        assert_eq!(got, expected(f, route_name, peer), "route {route_name}, peer {peer}");
+        assert_eq!(
+            got,
+            expected(f, route_name, peer),
+            "route {route_name}, peer {peer}"
+        );
         if got.is_some() {
-            assert!(f.snap.permits_ip(route, ip), "{peer} admitted, not permitted");
+            assert!(
+                f.snap.permits_ip(route, ip),
+                "{peer} admitted, not permitted"
+            );
         }
         if route_name == "world" {
             let special_or_own = s != Scope::Global || f.own.contains(&c);
@@ -203,7 +218,16 @@ pub fn embeddings(a: Ipv4Addr, extra: [u8; 8]) -> Vec<Ipv6Addr> {
     let mut forms = vec![
         a.to_ipv6_mapped(),
         Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, hi, lo),
-        Ipv6Addr::new(0x2002, u16::from_be_bytes([o[0], o[1]]), u16::from_be_bytes([o[2], o[3]]), e(0), e(2), e(4), e(6), e(0) ^ e(6)),
+        Ipv6Addr::new(
+            0x2002,
+            u16::from_be_bytes([o[0], o[1]]),
+            u16::from_be_bytes([o[2], o[3]]),
+            e(0),
+            e(2),
+            e(4),
+            e(6),
+            e(0) ^ e(6),
+        ),
         // Teredo: server address, flags, obfuscated port, then the client address inverted.
         Ipv6Addr::new(0x2001, 0, e(0), e(2), e(4), e(6), !hi, !lo),
     ];
@@ -227,7 +251,12 @@ pub fn run(data: &[u8]) {
     let extra = input.array::<8>();
 
     let net = if sel & 1 == 0 {
-        IpAddr::V4(Ipv4Addr::new(net_bytes[0], net_bytes[1], net_bytes[2], net_bytes[3]))
+        IpAddr::V4(Ipv4Addr::new(
+            net_bytes[0],
+            net_bytes[1],
+            net_bytes[2],
+            net_bytes[3],
+        ))
     } else {
         IpAddr::V6(Ipv6Addr::from(net_bytes))
     };

@@ -6,8 +6,8 @@ use crate::input::Output;
 use std::net::SocketAddr;
 use stun_proto::types::attribute::{AttributeType, Nonce, RawAttribute, Realm, Username};
 use stun_proto::types::message::{
-    IntegrityAlgorithm, LongTermKeyCredentials, Message, MessageClass, MessageType,
-    MessageWrite, MessageWriteExt, MessageWriteVec, Method, TransactionId, BINDING,
+    IntegrityAlgorithm, LongTermKeyCredentials, Message, MessageClass, MessageType, MessageWrite,
+    MessageWriteExt, MessageWriteVec, Method, TransactionId, BINDING,
 };
 use turn_types::attribute::{ChannelNumber, Data, Lifetime, RequestedTransport, XorPeerAddress};
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRESH, SEND};
@@ -24,7 +24,11 @@ pub struct Seed {
 
 const TXID: u128 = 0x0102_0304_0506_0708_090a_0b0c;
 
-fn msg(class: MessageClass, method: Method, attrs: &[&dyn stun_proto::types::attribute::AttributeWrite]) -> MessageWriteVec {
+fn msg(
+    class: MessageClass,
+    method: Method,
+    attrs: &[&dyn stun_proto::types::attribute::AttributeWrite],
+) -> MessageWriteVec {
     let mut m = Message::builder(
         MessageType::from_class_method(class, method),
         TransactionId::from(TXID),
@@ -45,10 +49,14 @@ fn xor_peer(i: usize) -> XorPeerAddress {
 }
 
 /// A request signed as the user would, with a made-up (stale) nonce.
-fn signed_with_bad_nonce(method: Method, attrs: &[&dyn stun_proto::types::attribute::AttributeWrite]) -> Vec<u8> {
+fn signed_with_bad_nonce(
+    method: Method,
+    attrs: &[&dyn stun_proto::types::attribute::AttributeWrite],
+) -> Vec<u8> {
     let mut m = msg(MessageClass::Request, method, attrs);
     m.add_attribute(&Username::new("user1").unwrap()).unwrap();
-    m.add_attribute(&Realm::new("fuzz.example").unwrap()).unwrap();
+    m.add_attribute(&Realm::new("fuzz.example").unwrap())
+        .unwrap();
     m.add_attribute(&Nonce::new("00000001ffffffffffffffffffffffff").unwrap())
         .unwrap();
     let creds = LongTermKeyCredentials::new("user1".into(), "pass1".into(), "fuzz.example".into());
@@ -87,7 +95,11 @@ fn engine_unauth() -> Vec<(String, Vec<u8>)> {
     let mut fp = msg(MessageClass::Request, BINDING, &[]);
     fp.add_fingerprint().unwrap();
     let binding_fp = fp.finish();
-    let mut send = msg(MessageClass::Indication, SEND, &[&xor_peer(0), &Data::new(b"hello")]);
+    let mut send = msg(
+        MessageClass::Indication,
+        SEND,
+        &[&xor_peer(0), &Data::new(b"hello")],
+    );
     send.add_fingerprint().unwrap();
     let send = send.finish();
     let unknown = RawAttribute::new(AttributeType::new(0x7777), &[0, 0, 0, 0]);
@@ -97,21 +109,77 @@ fn engine_unauth() -> Vec<(String, Vec<u8>)> {
         ("binding_v4".into(), unauth(0, v4, &binding)),
         ("binding_v6".into(), unauth(0, v6, &binding)),
         ("binding_fingerprint".into(), unauth(0, v6, &binding_fp)),
-        ("binding_indication".into(), unauth(0, v4, &msg(MessageClass::Indication, BINDING, &[]).finish())),
-        ("binding_success".into(), unauth(0, v4, &msg(MessageClass::Success, BINDING, &[]).finish())),
-        ("allocate_401".into(), unauth(0, v4, &request(ALLOCATE, &[&udp]))),
-        ("allocate_438".into(), unauth(0, v4, &signed_with_bad_nonce(ALLOCATE, &[&udp]))),
-        ("allocate_ephemeral".into(), unauth(2, v4, &request(ALLOCATE, &[&udp, &ephemeral_user]))),
-        ("allocate_420".into(), unauth(0, v4, &request(ALLOCATE, &[&udp, &unknown]))),
-        ("refresh_401".into(), unauth(0, v6, &request(REFRESH, &[&Lifetime::new(0)]))),
-        ("create_permission_401".into(), unauth(0, v4, &request(CREATE_PERMISSION, &[&xor_peer(0)]))),
-        ("channel_bind_438".into(), unauth(0, v4, &signed_with_bad_nonce(CHANNEL_BIND, &[&channel, &xor_peer(0)]))),
+        (
+            "binding_indication".into(),
+            unauth(0, v4, &msg(MessageClass::Indication, BINDING, &[]).finish()),
+        ),
+        (
+            "binding_success".into(),
+            unauth(0, v4, &msg(MessageClass::Success, BINDING, &[]).finish()),
+        ),
+        (
+            "allocate_401".into(),
+            unauth(0, v4, &request(ALLOCATE, &[&udp])),
+        ),
+        (
+            "allocate_438".into(),
+            unauth(0, v4, &signed_with_bad_nonce(ALLOCATE, &[&udp])),
+        ),
+        (
+            "allocate_ephemeral".into(),
+            unauth(2, v4, &request(ALLOCATE, &[&udp, &ephemeral_user])),
+        ),
+        (
+            "allocate_420".into(),
+            unauth(0, v4, &request(ALLOCATE, &[&udp, &unknown])),
+        ),
+        (
+            "refresh_401".into(),
+            unauth(0, v6, &request(REFRESH, &[&Lifetime::new(0)])),
+        ),
+        (
+            "create_permission_401".into(),
+            unauth(0, v4, &request(CREATE_PERMISSION, &[&xor_peer(0)])),
+        ),
+        (
+            "channel_bind_438".into(),
+            unauth(
+                0,
+                v4,
+                &signed_with_bad_nonce(CHANNEL_BIND, &[&channel, &xor_peer(0)]),
+            ),
+        ),
         ("send_indication".into(), unauth(0, v4, &send)),
-        ("data_indication".into(), unauth(0, v4, &msg(MessageClass::Indication, DATA, &[&Data::new(b"x")]).finish())),
-        ("connect_400".into(), unauth(0, v4, &request(Method::new(0x000a), &[]))),
-        ("channel_data".into(), unauth(4, v4, &[0x40, 0x01, 0x00, 0x03, b'a', b'b', b'c', 0])),
-        ("channel_data_short".into(), unauth(0, v4, &[0x40, 0x01, 0x00])),
+        (
+            "data_indication".into(),
+            unauth(
+                0,
+                v4,
+                &msg(MessageClass::Indication, DATA, &[&Data::new(b"x")]).finish(),
+            ),
+        ),
+        (
+            "connect_400".into(),
+            unauth(0, v4, &request(Method::new(0x000a), &[])),
+        ),
+        (
+            "channel_data".into(),
+            unauth(4, v4, &[0x40, 0x01, 0x00, 0x03, b'a', b'b', b'c', 0]),
+        ),
+        (
+            "channel_data_short".into(),
+            unauth(0, v4, &[0x40, 0x01, 0x00]),
+        ),
         ("not_turn".into(), unauth(0, v4, &[0x80, 0, 0, 0])),
+        ("tcp_binding".into(), unauth(0x20, v4, &binding)),
+        (
+            "tcp_allocate_420".into(),
+            unauth(
+                0x20,
+                v4,
+                &request(ALLOCATE, &[&udp, &unknown, &unknown, &unknown, &unknown]),
+            ),
+        ),
     ]
 }
 
@@ -132,7 +200,11 @@ impl Session {
     }
 
     fn peer(&mut self, relay: u8, peer: u8, payload: &[u8]) -> &mut Self {
-        self.out.u8(op::PEER).u8(relay).u8(peer).len_prefixed(payload);
+        self.out
+            .u8(op::PEER)
+            .u8(relay)
+            .u8(peer)
+            .len_prefixed(payload);
         self
     }
 
@@ -158,7 +230,15 @@ impl Session {
 
     /// `method`: index into `engine::METHODS`.
     #[allow(clippy::too_many_arguments)]
-    fn auth(&mut self, client: u8, method: u8, txid: u128, flags: u8, peer_mask: u16, attrs: &[(u16, &[u8])]) -> &mut Self {
+    fn auth(
+        &mut self,
+        client: u8,
+        method: u8,
+        txid: u128,
+        flags: u8,
+        peer_mask: u16,
+        attrs: &[(u16, &[u8])],
+    ) -> &mut Self {
         self.out
             .u8(op::AUTH)
             .u8(client)
@@ -267,7 +347,14 @@ fn engine_session() -> Vec<(String, Vec<u8>)> {
             .auth(1, M_ALLOCATE, 44, 0, 0, &[UDP, (0x0022, &[1; 8])])
             .auth(1, M_ALLOCATE, 45, 0, 0, &[UDP, (0x7777, &[0; 4])])
             .auth(1, M_ALLOCATE, 46, AuthRequest::BIND_FAILS, 0, &[UDP])
-            .auth(1, M_ALLOCATE, 47, 0, 0, &[UDP, (0x0018, &[0]), (0x001A, &[])])
+            .auth(
+                1,
+                M_ALLOCATE,
+                47,
+                0,
+                0,
+                &[UDP, (0x0018, &[0]), (0x001A, &[])],
+            )
             .done(),
     );
     add(
@@ -349,6 +436,23 @@ fn engine_session() -> Vec<(String, Vec<u8>)> {
             .done(),
     );
     add(
+        "tcp_client",
+        Session::new(0)
+            .auth(4, M_ALLOCATE, 120, 0, 0, &[UDP])
+            .auth(4, M_BIND, 121, 0, bit(2), &[(0x000C, &[0x40, 0x00, 0, 0])])
+            .client(4, &cd(0x4000, &[7; 2000]))
+            .peer(1, 2, b"over the stream")
+            .auth(
+                4,
+                M_REFRESH,
+                122,
+                0,
+                0,
+                &[(0x7777, &[0; 4]), (0x7778, &[]), (0x7779, &[])],
+            )
+            .done(),
+    );
+    add(
         "stun_in_session",
         Session::new(0)
             .auth(0, M_BINDING, 110, 0, 0, &[])
@@ -361,7 +465,10 @@ fn engine_session() -> Vec<(String, Vec<u8>)> {
 
 fn framer() -> Vec<(String, Vec<u8>)> {
     let binding = request(BINDING, &[]);
-    let allocate = request(ALLOCATE, &[&RequestedTransport::new(17), &Lifetime::new(600)]);
+    let allocate = request(
+        ALLOCATE,
+        &[&RequestedTransport::new(17), &Lifetime::new(600)],
+    );
     let cd = [0x40, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5, 0, 0, 0];
     let mut stream = binding.clone();
     stream.extend_from_slice(&cd);
@@ -381,11 +488,20 @@ fn framer() -> Vec<(String, Vec<u8>)> {
     not_turn.extend_from_slice(&[0xc0, 0, 0, 0]);
     vec![
         ("one_binding".into(), with_cuts(&[], &binding)),
-        ("mixed_stream_split".into(), with_cuts(&[1, 3, 4, 19, 20, 21, 33, 40], &stream)),
+        (
+            "mixed_stream_split".into(),
+            with_cuts(&[1, 3, 4, 19, 20, 21, 33, 40], &stream),
+        ),
         ("bad_length".into(), with_cuts(&[2], &bad_len)),
         ("not_turn_after_frames".into(), with_cuts(&[5], &not_turn)),
-        ("huge_channel_header".into(), with_cuts(&[], &[0x7f, 0xff, 0xff, 0xff, 0])),
-        ("huge_stun_header".into(), with_cuts(&[1], &[0x00, 0x01, 0xff, 0xfc, 0x21, 0x12])),
+        (
+            "huge_channel_header".into(),
+            with_cuts(&[], &[0x7f, 0xff, 0xff, 0xff, 0]),
+        ),
+        (
+            "huge_stun_header".into(),
+            with_cuts(&[1], &[0x00, 0x01, 0xff, 0xfc, 0x21, 0x12]),
+        ),
         ("short".into(), with_cuts(&[], &[0x40, 0x00])),
     ]
 }
@@ -402,7 +518,8 @@ fn config() -> Vec<(String, Vec<u8>)> {
     let env = "version: v1\nauth:\n  type: plaintext\n  credentials:\n    username: $STUNNER_USERNAME\n    password: pa$$word\n  realm: ${STUNNER_REALM}\nlisteners:\n  - name: l\n    address: $STUNNER_ADDR\n    port: $STUNNER_PORT\n    public_address: $STUNNER_PUBLIC_ADDR\n    public_port: $STUNNER_PUBLIC_PORT\n    routes: [c]\nclusters:\n  - name: c\n    endpoints: [\"0.0.0.0/0\"]\n";
     let v1alpha1 = r#"{"version": "v1alpha1", "auth": {"type": "longterm", "credentials": {"secret": "x"}}, "listeners": [{"name": "dtls", "protocol": "TURN-DTLS", "cert": "Y2VydA==", "key": "a2V5"}]}"#;
     let none = "version: v1\nauth: {type: none}\nadmin: {healthcheck_endpoint: \"\"}\n";
-    let bad = "version: v2\nauth: {credentials: {username: u}}\nlisteners: [{name: l, port: 70000}]\n";
+    let bad =
+        "version: v2\nauth: {credentials: {username: u}}\nlisteners: [{name: l, port: 70000}]\n";
     vec![
         ("minimal_yaml".into(), text_seed(0, minimal)),
         ("full_json".into(), text_seed(0, json)),
@@ -420,7 +537,15 @@ fn config() -> Vec<(String, Vec<u8>)> {
     ]
 }
 
-fn addr_seed(sel: u8, v4: [u8; 4], v6: &str, net: &str, len: u8, port: u16, extra: [u8; 8]) -> Vec<u8> {
+fn addr_seed(
+    sel: u8,
+    v4: [u8; 4],
+    v6: &str,
+    net: &str,
+    len: u8,
+    port: u16,
+    extra: [u8; 8],
+) -> Vec<u8> {
     let v6: std::net::Ipv6Addr = v6.parse().unwrap();
     let net_bytes: [u8; 16] = match net.parse::<std::net::IpAddr>().unwrap() {
         std::net::IpAddr::V4(a) => {
@@ -431,23 +556,140 @@ fn addr_seed(sel: u8, v4: [u8; 4], v6: &str, net: &str, len: u8, port: u16, extr
         std::net::IpAddr::V6(a) => a.octets(),
     };
     let mut out = Output::new();
-    out.u8(sel).raw(&v4).raw(&v6.octets()).raw(&net_bytes).u8(len).u16(port).raw(&extra);
+    out.u8(sel)
+        .raw(&v4)
+        .raw(&v6.octets())
+        .raw(&net_bytes)
+        .u8(len)
+        .u16(port)
+        .raw(&extra);
     out.bytes
 }
 
 fn peer_policy() -> Vec<(String, Vec<u8>)> {
     vec![
-        ("loopback".into(), addr_seed(0, [127, 0, 0, 1], "::1", "127.0.0.0", 8, 5000, [0; 8])),
-        ("metadata".into(), addr_seed(1, [169, 254, 169, 254], "fe80::1", "fe80::", 10, 80, [0; 8])),
-        ("private".into(), addr_seed(0, [10, 1, 2, 3], "fd00::1", "10.0.0.0", 8, 5500, [1; 8])),
-        ("own_address".into(), addr_seed(1, [203, 0, 113, 5], "2001:db8::5", "2001:db8::", 32, 3478, [0; 8])),
-        ("multicast".into(), addr_seed(0, [224, 0, 0, 1], "ff02::1", "224.0.0.0", 4, 1, [0; 8])),
-        ("broadcast".into(), addr_seed(0, [255, 255, 255, 255], "::", "0.0.0.0", 0, 0, [0; 8])),
-        ("global".into(), addr_seed(1, [8, 8, 8, 8], "2606:4700::1111", "::", 0, 53, [0xff; 8])),
-        ("mapped_loopback".into(), addr_seed(1, [0, 0, 0, 1], "::ffff:127.0.0.1", "::ffff:0.0.0.0", 96, 9, [0; 8])),
-        ("teredo".into(), addr_seed(1, [1, 2, 3, 4], "2001:0:4136:e378:8000:63bf:80ff:fffe", "2001::", 32, 3544, [0x41, 0x36, 0xe3, 0x78, 0x80, 0, 0x63, 0xbf])),
-        ("six_to_four".into(), addr_seed(1, [192, 168, 1, 1], "2002:7f00:1::", "2002::", 16, 1, [0; 8])),
-        ("nat64".into(), addr_seed(1, [100, 64, 0, 1], "64:ff9b::a9fe:a9fe", "64:ff9b::", 96, 80, [0; 8])),
+        (
+            "loopback".into(),
+            addr_seed(0, [127, 0, 0, 1], "::1", "127.0.0.0", 8, 5000, [0; 8]),
+        ),
+        (
+            "metadata".into(),
+            addr_seed(1, [169, 254, 169, 254], "fe80::1", "fe80::", 10, 80, [0; 8]),
+        ),
+        (
+            "private".into(),
+            addr_seed(0, [10, 1, 2, 3], "fd00::1", "10.0.0.0", 8, 5500, [1; 8]),
+        ),
+        (
+            "own_address".into(),
+            addr_seed(
+                1,
+                [203, 0, 113, 5],
+                "2001:db8::5",
+                "2001:db8::",
+                32,
+                3478,
+                [0; 8],
+            ),
+        ),
+        (
+            "multicast".into(),
+            addr_seed(0, [224, 0, 0, 1], "ff02::1", "224.0.0.0", 4, 1, [0; 8]),
+        ),
+        (
+            "broadcast".into(),
+            addr_seed(0, [255, 255, 255, 255], "::", "0.0.0.0", 0, 0, [0; 8]),
+        ),
+        (
+            "global".into(),
+            addr_seed(1, [8, 8, 8, 8], "2606:4700::1111", "::", 0, 53, [0xff; 8]),
+        ),
+        (
+            "mapped_loopback".into(),
+            addr_seed(
+                1,
+                [0, 0, 0, 1],
+                "::ffff:127.0.0.1",
+                "::ffff:0.0.0.0",
+                96,
+                9,
+                [0; 8],
+            ),
+        ),
+        (
+            "teredo".into(),
+            addr_seed(
+                1,
+                [1, 2, 3, 4],
+                "2001:0:4136:e378:8000:63bf:80ff:fffe",
+                "2001::",
+                32,
+                3544,
+                [0x41, 0x36, 0xe3, 0x78, 0x80, 0, 0x63, 0xbf],
+            ),
+        ),
+        (
+            "six_to_four".into(),
+            addr_seed(
+                1,
+                [192, 168, 1, 1],
+                "2002:7f00:1::",
+                "2002::",
+                16,
+                1,
+                [0; 8],
+            ),
+        ),
+        (
+            "nat64".into(),
+            addr_seed(
+                1,
+                [100, 64, 0, 1],
+                "64:ff9b::a9fe:a9fe",
+                "64:ff9b::",
+                96,
+                80,
+                [0; 8],
+            ),
+        ),
+    ]
+}
+
+/// Reproducers of known issues in the code under test (see the README), written to
+/// `crashes/<target>-<name>`: each fails only in strict mode (`UTURN_FUZZ_STRICT=1`).
+pub fn reproducers() -> Vec<Seed> {
+    let mut unknown = msg(
+        MessageClass::Request,
+        ALLOCATE,
+        &[&RequestedTransport::new(17)],
+    );
+    for _ in 0..1000 {
+        unknown
+            .add_attribute(&RawAttribute::new(AttributeType::new(0x7777), &[]))
+            .unwrap();
+    }
+    let unknown = unknown.finish();
+    vec![
+        Seed {
+            target: "engine_unauth",
+            // Over TURN-TCP (flags bit 5): an Allocate with 1000 unknown comprehension-required
+            // attributes. The 420 listing them needs 2048+ bytes, more than the shell's reply
+            // buffer: the engine drops the request as Drop(Internal) ("our bug").
+            name: "tcp-420-overflows-reply-buffer".into(),
+            bytes: unauth(0x20, "192.0.2.10:40000", &unknown),
+        },
+        Seed {
+            target: "engine_session",
+            // max_permissions 2; the setup holds 10.1.2.3. CreatePermission [10.1.2.4, 127.0.0.1]
+            // gets 508, yet 10.1.2.4 was installed: a Send to it is relayed and its datagrams
+            // come back as Data indications.
+            name: "create-permission-508-partial".into(),
+            bytes: Session::new(2)
+                .auth(0, M_PERMISSION, 0x508, 0, bit(2) | bit(7), &[])
+                .send(0, 2, 0x509, b"relayed after a 508")
+                .peer(0, 2, b"and back")
+                .done(),
+        },
     ]
 }
 
@@ -462,7 +704,11 @@ pub fn all() -> Vec<Seed> {
         ("peer_policy", peer_policy()),
     ] {
         for (name, bytes) in seeds {
-            out.push(Seed { target, name, bytes });
+            out.push(Seed {
+                target,
+                name,
+                bytes,
+            });
         }
     }
     out
