@@ -2,16 +2,27 @@
 //! with OpenSSL (the `openssl` crate over the system libssl) driven through memory buffers:
 //! the shard moves datagrams with its own batched syscalls, and a session only turns records
 //! into TURN messages and back. Nothing here blocks or reads a socket.
+//!
+//! No state is kept for a client before it proves its address: a [`Gate`] answers a first
+//! ClientHello with a HelloVerifyRequest whose cookie is an HMAC of the client's address and
+//! the time (RFC 6347 §4.2.1), statelessly through OpenSSL's `DTLSv1_listen`, and a
+//! [`Session`] is made only for a ClientHello that echoes a valid cookie.
 
+use foreign_types::ForeignTypeRef;
+use hmac::{Hmac, Mac};
 use openssl::error::ErrorStack;
+use openssl::ex_data::Index;
 use openssl::pkey::PKey;
 use openssl::ssl::{
-    ErrorCode, Ssl, SslContext, SslContextBuilder, SslMethod, SslMode, SslOptions, SslStream,
-    SslVersion,
+    ErrorCode, Ssl, SslContext, SslContextBuilder, SslMethod, SslMode, SslOptions, SslRef,
+    SslStream, SslVersion,
 };
 use openssl::x509::X509;
+use sha2::Sha256;
 use std::io::{self, Read, Write};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The largest datagram a session writes: fits the common 1280-byte IPv6 minimum MTU with
 /// room for headers.
@@ -39,9 +50,182 @@ pub(super) fn context(cert_pem: &[u8], key_pem: &[u8]) -> Result<SslContext, Str
         // The memory transport cannot be asked for the path MTU; MTU is set per session.
         builder.set_options(SslOptions::NO_QUERY_MTU);
         builder.set_mode(SslMode::RELEASE_BUFFERS);
+        let mut secret = [0u8; 32];
+        openssl::rand::rand_bytes(&mut secret)?;
+        let cookies = CookieJar { secret };
+        builder.set_cookie_generate_cb(move |ssl, out| {
+            let client = client_of(ssl)?;
+            let cookie = cookies.cookie(client, unix_now());
+            out[..COOKIE_LEN].copy_from_slice(&cookie);
+            Ok(COOKIE_LEN)
+        });
+        builder.set_cookie_verify_cb(move |ssl, cookie| {
+            client_of(ssl).is_ok_and(|client| cookies.verify(client, unix_now(), cookie))
+        });
         Ok(builder.build())
     };
     build().map_err(|e| format!("cannot use the DTLS certificate and key: {e}"))
+}
+
+/// The client a gate is answering, for the cookie callbacks.
+fn client_index() -> Index<Ssl, SocketAddr> {
+    static INDEX: OnceLock<Index<Ssl, SocketAddr>> = OnceLock::new();
+    *INDEX.get_or_init(|| Ssl::new_ex_index().expect("an SSL ex-data index"))
+}
+
+fn client_of(ssl: &SslRef) -> Result<SocketAddr, ErrorStack> {
+    ssl.ex_data(client_index())
+        .copied()
+        .ok_or_else(ErrorStack::get)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A cookie: the low byte of its time window, then 16 bytes of HMAC-SHA256 over the window
+/// and the client's address. Well below DTLS 1.2's 255-byte limit.
+const COOKIE_LEN: usize = 17;
+/// A cookie is valid in the window it was made in and the next one: 30 to 60 s, ample for a
+/// client to echo it, too short to hoard.
+const COOKIE_WINDOW_SECS: u64 = 30;
+
+/// Makes and checks the stateless cookies of one DTLS context.
+#[derive(Clone, Copy)]
+struct CookieJar {
+    secret: [u8; 32],
+}
+
+impl CookieJar {
+    fn cookie_in(&self, client: SocketAddr, window: u64) -> [u8; COOKIE_LEN] {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
+        mac.update(&window.to_be_bytes());
+        match client.ip() {
+            std::net::IpAddr::V4(ip) => mac.update(&ip.octets()),
+            std::net::IpAddr::V6(ip) => mac.update(&ip.octets()),
+        }
+        mac.update(&client.port().to_be_bytes());
+        let tag = mac.finalize().into_bytes();
+        let mut cookie = [0u8; COOKIE_LEN];
+        cookie[0] = window as u8;
+        cookie[1..].copy_from_slice(&tag[..COOKIE_LEN - 1]);
+        cookie
+    }
+
+    fn cookie(&self, client: SocketAddr, unix_secs: u64) -> [u8; COOKIE_LEN] {
+        self.cookie_in(client, unix_secs / COOKIE_WINDOW_SECS)
+    }
+
+    fn verify(&self, client: SocketAddr, unix_secs: u64, cookie: &[u8]) -> bool {
+        let current = unix_secs / COOKIE_WINDOW_SECS;
+        [current, current.saturating_sub(1)]
+            .into_iter()
+            .any(|window| {
+                cookie.len() == COOKIE_LEN
+                    && cookie[0] == window as u8
+                    && openssl::memcmp::eq(&self.cookie_in(client, window), cookie)
+            })
+    }
+}
+
+/// OpenSSL's `BIO_ADDR`, opaque.
+enum BioAddr {}
+
+extern "C" {
+    // libssl (linked through the openssl crate), OpenSSL 1.1.0 and later; the openssl crates
+    // do not bind these.
+    fn DTLSv1_listen(ssl: *mut openssl_sys::SSL, client: *mut BioAddr) -> i32;
+    fn BIO_ADDR_new() -> *mut BioAddr;
+    fn BIO_ADDR_free(addr: *mut BioAddr);
+}
+
+/// What a gate made of a datagram from a client without a session.
+pub(super) enum Admission {
+    /// A ClientHello with a valid cookie: the session, to be driven with
+    /// [`Session::receive`] and an empty datagram.
+    Session(Session),
+    /// Answered (a HelloVerifyRequest, now in `drain`) or dropped; nothing is kept.
+    Nothing,
+}
+
+/// The stateless front of a DTLS listener: one SSL object, cleared for every datagram.
+pub(super) struct Gate {
+    context: SslContext,
+    stream: SslStream<Mem>,
+    /// Where `DTLSv1_listen` writes the peer it could not learn from a memory transport.
+    scratch_addr: *mut BioAddr,
+}
+
+impl Gate {
+    pub fn new(context: SslContext) -> Result<Gate, ErrorStack> {
+        let stream = listening_stream(&context)?;
+        // SAFETY: BIO_ADDR_new has no preconditions; null means out of memory.
+        let scratch_addr = unsafe { BIO_ADDR_new() };
+        if scratch_addr.is_null() {
+            return Err(ErrorStack::get());
+        }
+        Ok(Gate {
+            context,
+            stream,
+            scratch_addr,
+        })
+    }
+
+    /// Takes a datagram from `client`, which has no session. What the gate writes (a
+    /// HelloVerifyRequest) is handed to `send`.
+    pub fn admit(
+        &mut self,
+        now: Instant,
+        client: SocketAddr,
+        datagram: &[u8],
+        send: impl FnMut(&[u8]),
+    ) -> Admission {
+        // SAFETY: the SSL object is owned by `self.stream` and not borrowed elsewhere; the
+        // cookie callbacks read this (and again when the session verifies the cookie).
+        let ssl = unsafe { SslRef::from_ptr_mut(self.stream.ssl().as_ptr()) };
+        ssl.set_ex_data(client_index(), client);
+        let mem = self.stream.get_mut();
+        mem.incoming.clear();
+        mem.incoming.extend_from_slice(datagram);
+        mem.has_incoming = true;
+        // SAFETY: the SSL object is live and owned by `self.stream`, its BIOs are set, and
+        // `scratch_addr` is a BIO_ADDR from BIO_ADDR_new, freed only on drop.
+        let verdict = unsafe { DTLSv1_listen(self.stream.ssl().as_ptr(), self.scratch_addr) };
+        drain(self.stream.get_mut(), send);
+        self.stream.get_mut().has_incoming = false;
+        if verdict <= 0 {
+            // 0: no valid cookie (a HelloVerifyRequest went out) or not a ClientHello; below
+            // 0: an error. Nothing is kept either way; OpenSSL clears the object next time.
+            return Admission::Nothing;
+        }
+        let Ok(fresh) = listening_stream(&self.context) else {
+            return Admission::Nothing;
+        };
+        let stream = std::mem::replace(&mut self.stream, fresh);
+        Admission::Session(Session {
+            stream,
+            established: false,
+            handshake_deadline: Some(now + HANDSHAKE_TIMEOUT),
+            last_rx: now,
+        })
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        // SAFETY: allocated by BIO_ADDR_new in `Gate::new`, freed once.
+        unsafe { BIO_ADDR_free(self.scratch_addr) }
+    }
+}
+
+/// A server-side SSL object over an empty memory transport.
+fn listening_stream(context: &SslContext) -> Result<SslStream<Mem>, ErrorStack> {
+    let mut ssl = Ssl::new(context)?;
+    ssl.set_mtu(MTU)?;
+    ssl.set_accept_state();
+    SslStream::new(ssl, Mem::default())
 }
 
 /// The transport a session sees: the datagram being handled, and the datagrams it wrote.
@@ -99,20 +283,8 @@ pub(super) struct Session {
 }
 
 impl Session {
-    pub fn new(context: &SslContext, now: Instant) -> Result<Session, ErrorStack> {
-        let mut ssl = Ssl::new(context)?;
-        ssl.set_mtu(MTU)?;
-        ssl.set_accept_state();
-        Ok(Session {
-            stream: SslStream::new(ssl, Mem::default())?,
-            established: false,
-            handshake_deadline: Some(now + HANDSHAKE_TIMEOUT),
-            last_rx: now,
-        })
-    }
-
-    /// Takes one datagram from the client; each TURN message it carried is passed to
-    /// `message`, decrypted.
+    /// Takes one datagram from the client (empty: go on with what OpenSSL holds, as after
+    /// [`Gate::admit`]); each TURN message it carried is passed to `message`, decrypted.
     pub fn receive(
         &mut self,
         now: Instant,
@@ -124,7 +296,7 @@ impl Session {
         let mem = self.stream.get_mut();
         mem.incoming.clear();
         mem.incoming.extend_from_slice(datagram);
-        mem.has_incoming = true;
+        mem.has_incoming = !datagram.is_empty();
         if !self.established {
             match self.stream.do_handshake() {
                 Ok(()) => {
@@ -165,16 +337,20 @@ impl Session {
     }
 
     /// Hands every datagram the session wrote to `send`, oldest first.
-    pub fn drain(&mut self, mut send: impl FnMut(&[u8])) {
-        let mem = self.stream.get_mut();
-        let mut at = 0;
-        for &len in &mem.lens {
-            send(&mem.outgoing[at..at + len]);
-            at += len;
-        }
-        mem.outgoing.clear();
-        mem.lens.clear();
+    pub fn drain(&mut self, send: impl FnMut(&[u8])) {
+        drain(self.stream.get_mut(), send);
     }
+}
+
+/// Hands every datagram written to `mem` to `send`, oldest first.
+fn drain(mem: &mut Mem, mut send: impl FnMut(&[u8])) {
+    let mut at = 0;
+    for &len in &mem.lens {
+        send(&mem.outgoing[at..at + len]);
+        at += len;
+    }
+    mem.outgoing.clear();
+    mem.lens.clear();
 }
 
 fn wants_more(code: ErrorCode) -> bool {

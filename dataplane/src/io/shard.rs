@@ -26,7 +26,6 @@ use crate::proto::{
 };
 use arc_swap::{ArcSwap, Cache};
 use foldhash::fast::RandomState;
-use openssl::ssl::SslContext;
 use rustls::{ServerConfig, ServerConnection};
 use socket2::Socket;
 use std::collections::HashMap;
@@ -172,7 +171,7 @@ struct DatagramSocket {
 enum Kind {
     Udp,
     Dtls {
-        context: SslContext,
+        gate: dtls::Gate,
         sessions: HashMap<SocketAddr, dtls::Session, RandomState>,
     },
     Tcp,
@@ -806,32 +805,41 @@ impl<D: Driver> Shard<D> {
         let Some(listener) = self.listeners.iter_mut().find(|l| l.id == id) else {
             return;
         };
-        let Kind::Dtls { context, sessions } = &mut listener.kind else {
+        let Kind::Dtls { gate, sessions } = &mut listener.kind else {
             return;
         };
         // The session leaves the map while it is used, so the shard can be borrowed beside it.
-        let mut session = match sessions.remove(&from) {
-            Some(session) => session,
+        let (mut session, datagram) = match sessions.remove(&from) {
+            Some(session) => (session, data),
             // Only a handshake record (content type 22) may start a session.
             None if data.first() != Some(&22) || sessions.len() >= MAX_DTLS_SESSIONS => {
                 self.counters.unparsed += 1;
                 return;
             }
-            None => match dtls::Session::new(context, now) {
-                Ok(session) => {
-                    self.counters.listeners.opened[metric] += 1;
-                    session
+            // RFC 6347 §4.2.1: a session only for a ClientHello that echoes our cookie; the
+            // HelloVerifyRequest is smaller than the ClientHello, so no amplification either.
+            None => {
+                let counters = &mut self.counters;
+                let admission = gate.admit(now, from, data, |datagram| {
+                    let outcome = try_send_to(fd, datagram, for_socket(local, from));
+                    if let Some(n) = counters.sent(outcome) {
+                        counters.listeners.traffic[metric].tx(n);
+                    }
+                });
+                match admission {
+                    dtls::Admission::Session(session) => {
+                        counters.listeners.opened[metric] += 1;
+                        // OpenSSL holds the ClientHello: go on with no new datagram.
+                        (session, &[][..])
+                    }
+                    dtls::Admission::Nothing => return,
                 }
-                Err(e) => {
-                    tracing::warn!(target: "stunner", "DTLS session setup failed: {e}");
-                    return;
-                }
-            },
+            }
         };
         let Some(mut scratch) = self.scratch.take() else {
             return;
         };
-        let received = session.receive(now, data, &mut scratch, |session, message| {
+        let received = session.receive(now, datagram, &mut scratch, |session, message| {
             if let Some(n) = self.client_message(now, id, from, message) {
                 if !session.send(&self.out[..n]) {
                     self.counters.send_failed += 1;
@@ -1241,7 +1249,11 @@ fn listener_kind(spec: &ListenerSpec) -> Result<Kind, String> {
             &pem("key", &spec.tls.key)?,
         )?),
         ListenerProtocol::TurnDtls => Kind::Dtls {
-            context: dtls::context(&pem("cert", &spec.tls.cert)?, &pem("key", &spec.tls.key)?)?,
+            gate: dtls::Gate::new(dtls::context(
+                &pem("cert", &spec.tls.cert)?,
+                &pem("key", &spec.tls.key)?,
+            )?)
+            .map_err(|e| format!("listener {:?}: DTLS setup failed: {e}", spec.name))?,
             sessions: HashMap::with_hasher(RandomState::default()),
         },
         _ => Kind::Udp,

@@ -4,9 +4,9 @@
 mod support;
 
 use serde_json::Value;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::time::Duration;
-use support::{free_port, http_get, status, temp_file, wait_until, Driver, Stunnerd};
+use support::{free_port, http_get, status, stream, temp_file, wait_until, Driver, Peer, Stunnerd};
 
 const REFRESH: u16 = 0x0004;
 const CHANNEL_BIND: u16 = 0x0009;
@@ -21,72 +21,8 @@ fn config(turn: u16, health: u16, metrics: u16, realm: &str) -> String {
     )
 }
 
-/// An echo peer on 127.0.0.1 that counts what it receives and sends; it stops when dropped.
-struct Peer {
-    addr: SocketAddr,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    counts: std::sync::Arc<std::sync::Mutex<[u64; 4]>>,
-}
-
-impl Peer {
-    fn start() -> Peer {
-        Peer::on("127.0.0.1")
-    }
-
-    fn on(ip: &str) -> Peer {
-        let socket = UdpSocket::bind((ip, 0)).unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_millis(20)))
-            .unwrap();
-        let addr = socket.local_addr().unwrap();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let counts = std::sync::Arc::new(std::sync::Mutex::new([0u64; 4]));
-        let (stop2, counts2) = (stop.clone(), counts.clone());
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 2048];
-            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Ok((n, from)) = socket.recv_from(&mut buf) {
-                    let mut c = counts2.lock().unwrap();
-                    c[0] += 1;
-                    c[1] += n as u64;
-                    if socket.send_to(&buf[..n], from).is_ok() {
-                        c[2] += 1;
-                        c[3] += n as u64;
-                    }
-                }
-            }
-        });
-        Peer { addr, stop, counts }
-    }
-
-    /// (received packets, received bytes, sent packets, sent bytes).
-    fn counts(&self) -> [u64; 4] {
-        *self.counts.lock().unwrap()
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 fn ready(health: u16) -> Option<(u16, String)> {
     http_get(health, "/ready")
-}
-
-/// Sends `n` sequenced datagrams to `peer` one per 2 ms; how many came back.
-fn stream(d: &mut Driver, peer: SocketAddr, tag: &str, n: u32) -> usize {
-    let before = d.received.len();
-    for seq in 0..n {
-        d.send(peer, format!("{tag} {seq:04}").as_bytes());
-        d.drive(0.002);
-    }
-    d.drive(0.3);
-    d.received[before..]
-        .iter()
-        .filter(|(_, p)| p.starts_with(tag.as_bytes()))
-        .count()
 }
 
 /// The second field report: a draining gateway keeps every live call working, and exits as

@@ -1,0 +1,616 @@
+//! Hostile input against the real stunnerd on loopback, each load bounded in count and time:
+//! spoofed-looking Allocate floods, malformed datagrams and half-open TCP connections beside a
+//! live relay, one user's allocation flood against its quota, relay socket exhaustion, and
+//! DTLS ClientHellos that must not create sessions before a cookie round trip.
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use stun_proto::types::attribute::ErrorCode;
+use stun_proto::types::message::Message;
+use support::{free_port, metric, stream, temp_file, wait_until, Driver, Peer, Stunnerd};
+use turn_types::message::ALLOCATE;
+use uturn_perf::client::{build_request, udp_transport, BenchClient, Credentials};
+use uturn_shared::auth::{ephemeral_password, ephemeral_username};
+
+/// These tests load the machine: one at a time, so that none measures another's load.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A stunnerd on `config`, its metrics on `metrics`, up once /metrics answers.
+fn start(config: &str, metrics: u16, args: &[&str]) -> (Stunnerd, std::path::PathBuf) {
+    start_with(config, metrics, args, |_| {})
+}
+
+fn start_with(
+    config: &str,
+    metrics: u16,
+    args: &[&str],
+    customize: impl FnOnce(&mut std::process::Command),
+) -> (Stunnerd, std::path::PathBuf) {
+    let path = temp_file("hostile.yaml");
+    std::fs::write(&path, config).unwrap();
+    let origin = format!("file://{}", path.display());
+    let mut all = vec!["-c", origin.as_str()];
+    all.extend_from_slice(args);
+    let server = Stunnerd::start_with(&[], &all, &[], customize);
+    assert!(
+        wait_until(10, || metric(metrics, "stunner_allocations_active ")
+            .is_some()),
+        "stunnerd did not come up:\n{}",
+        server.logs()
+    );
+    (server, path)
+}
+
+/// The sum of every `uturn_dropped_datagrams_total` sample.
+fn dropped_total(metrics: u16) -> f64 {
+    let (_, body) = support::http_get(metrics, "/metrics").expect("/metrics");
+    body.lines()
+        .filter(|l| l.starts_with("uturn_dropped_datagrams_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn rss_kib(server: &Stunnerd) -> u64 {
+    uturn_perf::load::rss_kib(server.pid()).expect("VmRSS")
+}
+
+fn error_code(datagram: &[u8]) -> Option<u16> {
+    let msg = Message::from_bytes(datagram).ok()?;
+    msg.attribute::<ErrorCode>().ok().map(|e| e.code())
+}
+
+const STATIC: &str =
+    "{type: static, realm: hostile, credentials: {username: user1, password: pass1}}";
+
+fn udp_config(turn: u16, metrics: u16, auth: &str, admin_extra: &str) -> String {
+    format!(
+        "version: v1\nadmin: {{healthcheck_endpoint: \"\", metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"{admin_extra}}}\n\
+         auth: {auth}\n\
+         listeners: [{{name: udp, address: 127.0.0.1, port: {turn}, routes: [media]}}]\n\
+         clusters: [{{name: media, endpoints: [127.0.0.1]}}]\n"
+    )
+}
+
+const FLOOD_IPS: u8 = 10;
+const PORTS_PER_IP: usize = 1000;
+const ALLOCATES_PER_PORT: usize = 10;
+const CHALLENGE_RATE: u64 = 100;
+const CHALLENGE_BURST: u64 = 300;
+
+/// 100 000 Allocates, unauthenticated or with made-up credentials, from 10 000 source ports
+/// on 10 loopback addresses: no allocation, RSS within 10 MB, challenges to each source IP
+/// within its token bucket, and a real client still served afterwards.
+#[test]
+fn spoofed_allocate_flood_creates_nothing_and_costs_no_memory() {
+    let _serial = serial();
+    let (turn, metrics) = (free_port(), free_port());
+    let (server, _config) = start(
+        &udp_config(turn, metrics, STATIC, ""),
+        metrics,
+        &[
+            "--challenge-rate",
+            &CHALLENGE_RATE.to_string(),
+            "--challenge-burst",
+            &CHALLENGE_BURST.to_string(),
+        ],
+    );
+    let target: SocketAddr = ([127, 0, 0, 1], turn).into();
+    let garbage = Credentials {
+        user: "mallory",
+        pass: "guess",
+        realm: "hostile",
+        nonce: "0123456789abcdef0123456789abcdef",
+    };
+    // Ten request shapes: half without credentials, half signed with made-up ones.
+    let requests: Vec<Vec<u8>> = (0..ALLOCATES_PER_PORT)
+        .map(|i| {
+            let credentials = (i % 2 == 1).then_some(&garbage);
+            build_request(ALLOCATE, &udp_transport, credentials).unwrap()
+        })
+        .collect();
+
+    // Warm up what the server allocates once (buffers, tables) before the baseline.
+    let warm = UdpSocket::bind("127.0.2.1:0").unwrap();
+    for request in requests.iter().cycle().take(2000) {
+        warm.send_to(request, target).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let rss_before = rss_kib(&server);
+
+    let started = Instant::now();
+    let mut sources = HashSet::new();
+    let mut challenges: HashMap<IpAddr, u64> = HashMap::new();
+    let mut sent = 0u64;
+    let mut buf = [0u8; 1500];
+    for host in 1..=FLOOD_IPS {
+        let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 1, host));
+        let sockets: Vec<UdpSocket> = (0..PORTS_PER_IP)
+            .map(|_| {
+                let socket = UdpSocket::bind((ip, 0)).unwrap();
+                socket.set_nonblocking(true).unwrap();
+                sources.insert(socket.local_addr().unwrap());
+                socket
+            })
+            .collect();
+        let mut drain = |sockets: &[UdpSocket], challenges: &mut HashMap<IpAddr, u64>| {
+            for socket in sockets {
+                while let Ok(n) = socket.recv(&mut buf) {
+                    if matches!(error_code(&buf[..n]), Some(401 | 438)) {
+                        *challenges.entry(ip).or_default() += 1;
+                    }
+                }
+            }
+        };
+        for request in &requests {
+            for socket in &sockets {
+                // A full send buffer is retried: every one of the 100 000 leaves.
+                while socket.send_to(request, target).is_err() {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                sent += 1;
+            }
+            drain(&sockets, &mut challenges);
+        }
+        let settle = Instant::now();
+        while settle.elapsed() < Duration::from_millis(300) {
+            drain(&sockets, &mut challenges);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(300));
+    let rss_after = rss_kib(&server);
+
+    assert_eq!(sent, 100_000);
+    assert_eq!(sources.len(), 10_000, "distinct source ports");
+    assert_eq!(
+        metric(metrics, "stunner_allocations_active "),
+        Some(0.0),
+        "the flood made an allocation"
+    );
+    let limited = metric(
+        metrics,
+        "uturn_dropped_datagrams_total{reason=\"rate_limited\"} ",
+    )
+    .expect("rate_limited metric");
+    assert!(limited > 0.0, "nothing was rate limited");
+    // Each source IP: at most its bucket's burst plus what refilled while the test ran.
+    let bound = CHALLENGE_BURST + (CHALLENGE_RATE as f64 * elapsed).ceil() as u64;
+    assert_eq!(
+        challenges.len(),
+        FLOOD_IPS as usize,
+        "every IP was answered: {challenges:?}"
+    );
+    for (ip, n) in &challenges {
+        assert!(
+            *n <= bound,
+            "{ip} got {n} challenges, bucket allows {bound} in {elapsed:.1} s"
+        );
+    }
+    let total: u64 = challenges.values().sum();
+    assert!(
+        total * 10 < sent,
+        "{total} challenges for {sent} requests: not an amplifier"
+    );
+    let grown = rss_after.saturating_sub(rss_before);
+    assert!(
+        grown <= 10 * 1024,
+        "RSS grew {grown} KiB ({rss_before} -> {rss_after} KiB)"
+    );
+    eprintln!(
+        "flood: {sent} Allocates from {} ports in {elapsed:.1} s; {total} challenges (bound {bound}/IP); \
+         {limited} rate limited; RSS {rss_before} -> {rss_after} KiB",
+        sources.len()
+    );
+
+    // A real client, from an address that did not flood, is served as before.
+    let mut client = Driver::new(target, "user1", "pass1");
+    assert!(client.allocate().is_some(), "{:?}", client.events);
+}
+
+/// Malformed datagram kinds: junk, truncated and lying STUN headers, ChannelData from nowhere,
+/// a DTLS-looking record, an oversized datagram.
+fn malformed(i: usize) -> Vec<u8> {
+    let mut junk = vec![0u8; 1 + (i * 7919) % 1400];
+    for (j, b) in junk.iter_mut().enumerate() {
+        *b = (i.wrapping_mul(31) ^ j.wrapping_mul(131)) as u8;
+    }
+    match i % 8 {
+        0 => junk,
+        1 => vec![0x00, 0x01, 0x00],
+        // A Binding header that claims 64 bytes of attributes and has none.
+        2 => vec![
+            0x00, 0x01, 0x00, 0x40, 0x21, 0x12, 0xa4, 0x42, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+        ],
+        // The wrong magic cookie.
+        3 => vec![
+            0x00, 0x03, 0x00, 0x00, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+        ],
+        // ChannelData for a channel nobody bound.
+        4 => [&[0x40, 0x01, 0x00, 0x08][..], b"nochanel"].concat(),
+        // An attribute that runs past the message.
+        5 => vec![
+            0x00, 0x03, 0x00, 0x08, 0x21, 0x12, 0xa4, 0x42, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+            0x00, 0x19, 0x00, 0x40, 0x11, 0x00, 0x00, 0x00,
+        ],
+        6 => [&[22u8, 0xfe, 0xfd][..], &junk].concat(),
+        _ => vec![0xff; 9000],
+    }
+}
+
+const MALFORMED: usize = 50_000;
+const HALF_OPEN: usize = 1_000;
+const LIVE: u32 = 1_500;
+
+/// 50 000 malformed datagrams and 1 000 half-open TCP connections while a relay streams:
+/// the relay loses nothing, and a new TCP client still allocates.
+#[test]
+fn malformed_flood_and_half_open_tcp_leave_relays_lossless() {
+    let _serial = serial();
+    let (turn, tcp, metrics) = (free_port(), free_port(), free_port());
+    let config = format!(
+        "version: v1\nadmin: {{healthcheck_endpoint: \"\", metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
+         auth: {STATIC}\n\
+         listeners:\n\
+         - {{name: udp, address: 127.0.0.1, port: {turn}, routes: [media]}}\n\
+         - {{name: tcp, protocol: TURN-TCP, address: 127.0.0.1, port: {tcp}, routes: [media]}}\n\
+         clusters: [{{name: media, endpoints: [127.0.0.1]}}]\n"
+    );
+    let (server, _config) = start(&config, metrics, &[]);
+    let target: SocketAddr = ([127, 0, 0, 1], turn).into();
+    let peer = Peer::start();
+    let mut live = Driver::new(target, "user1", "pass1");
+    assert!(live.allocate().is_some(), "{:?}", live.events);
+    assert!(live.bind(peer.addr));
+
+    // Half-open connections: half say nothing, half stop mid-header.
+    let tcp_target: SocketAddr = ([127, 0, 0, 1], tcp).into();
+    let half_open: Vec<TcpStream> = (0..HALF_OPEN)
+        .map(|i| {
+            let mut conn = TcpStream::connect(tcp_target).unwrap();
+            if i % 2 == 1 {
+                conn.write_all(&[0x00, 0x03, 0x00, 0x10, 0x21]).unwrap();
+            }
+            conn
+        })
+        .collect();
+    assert!(
+        wait_until(10, || metric(
+            metrics,
+            "stunner_listener_connections{name=\"tcp\"} "
+        )
+        .is_some_and(|open| open >= HALF_OPEN as f64)),
+        "the half-open connections were not all accepted"
+    );
+
+    let dropped_before = dropped_total(metrics);
+    let flood = std::thread::spawn(move || {
+        let sockets: Vec<UdpSocket> = (0..10)
+            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let datagrams: Vec<Vec<u8>> = (0..64).map(malformed).collect();
+        // Paced, 1 000 every 20 ms (50 000 in about a second): a flood the server must
+        // absorb, not one that fills the kernel's queue for everyone on the port.
+        let mut sent = 0;
+        while sent < MALFORMED {
+            let tick = Instant::now();
+            for _ in 0..1000 {
+                let socket = &sockets[sent % sockets.len()];
+                if socket
+                    .send_to(&datagrams[sent % datagrams.len()], target)
+                    .is_ok()
+                {
+                    sent += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20).saturating_sub(tick.elapsed()));
+        }
+        sent
+    });
+    let echoed = stream(&mut live, peer.addr, "live", LIVE);
+    let flooded = flood.join().unwrap();
+    let [peer_received, ..] = peer.counts();
+
+    assert_eq!(flooded, MALFORMED);
+    assert_eq!(
+        peer_received,
+        u64::from(LIVE),
+        "datagrams lost on the way to the peer"
+    );
+    assert_eq!(echoed, LIVE as usize, "datagrams lost on the way back");
+    assert!(
+        wait_until(5, || dropped_total(metrics) - dropped_before
+            >= MALFORMED as f64 * 0.9),
+        "the server saw {} of {MALFORMED} malformed datagrams",
+        dropped_total(metrics) - dropped_before
+    );
+    // A new TCP client is still served beside the half-open connections.
+    let client = BenchClient::allocate_over(tcp_target, "user1", "pass1", true);
+    assert!(client.is_ok(), "{:?}", client.err());
+    assert!(server.logs().lines().all(|l| !l.contains("panicked")));
+    drop(half_open);
+}
+
+/// One user's allocation flood stops at `admin.user_quota` (486) while another user still
+/// allocates, and a deleted allocation gives its place back at once.
+#[test]
+fn allocation_flood_by_one_user_stops_at_its_quota() {
+    let _serial = serial();
+    let (turn, metrics) = (free_port(), free_port());
+    let auth = "{type: ephemeral, realm: hostile, credentials: {secret: s3cr3t}}";
+    let (_server, _config) = start(
+        &udp_config(turn, metrics, auth, ", user_quota: 3"),
+        metrics,
+        &[],
+    );
+    let target: SocketAddr = ([127, 0, 0, 1], turn).into();
+    let expiry = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let user = |id: &str| {
+        let name = ephemeral_username(expiry, id);
+        let pass = ephemeral_password("s3cr3t", &name);
+        (name, pass)
+    };
+    let (alice, alice_pass) = user("alice");
+    let (bob, bob_pass) = user("bob");
+
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..30 {
+        let mut d = Driver::new(target, &alice, &alice_pass);
+        if d.allocate().is_some() {
+            held.push(d);
+        } else {
+            assert!(
+                d.responses.iter().any(|r| r.error_code == Some(486)),
+                "{:?}",
+                d.responses
+            );
+            refused += 1;
+        }
+    }
+    assert_eq!((held.len(), refused), (3, 27));
+    let mut other = Driver::new(target, &bob, &bob_pass);
+    assert!(other.allocate().is_some(), "{:?}", other.responses);
+    // Shards publish their counters every tick (100 ms).
+    assert!(wait_until(2, || metric(
+        metrics,
+        "stunner_allocations_active "
+    ) == Some(4.0)));
+    assert!(wait_until(2, || metric(
+        metrics,
+        "uturn_dropped_datagrams_total{reason=\"quota\"} "
+    ) == Some(27.0)));
+
+    held.pop().unwrap().delete();
+    let mut again = Driver::new(target, &alice, &alice_pass);
+    assert!(again.allocate().is_some(), "{:?}", again.responses);
+    let mut over = Driver::new(target, &alice, &alice_pass);
+    assert!(over.allocate().is_none());
+    assert!(over.responses.iter().any(|r| r.error_code == Some(486)));
+}
+
+/// With file descriptors for only a few relay sockets, the allocation that finds none gets
+/// 508, and one freed by a delete is taken by the next client.
+#[test]
+fn relay_socket_exhaustion_gives_508_and_recovers() {
+    let _serial = serial();
+    let (turn, metrics) = (free_port(), free_port());
+    const FD_LIMIT: libc::rlim_t = 64;
+    let (server, _config) = start_with(
+        &udp_config(turn, metrics, STATIC, ""),
+        metrics,
+        &[],
+        |command| {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; it runs in the child before exec.
+            unsafe {
+                command.pre_exec(|| {
+                    let limit = libc::rlimit {
+                        rlim_cur: FD_LIMIT,
+                        rlim_max: FD_LIMIT,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        },
+    );
+    let target: SocketAddr = ([127, 0, 0, 1], turn).into();
+    let mut held = Vec::new();
+    let mut refused = None;
+    for _ in 0..FD_LIMIT {
+        let mut d = Driver::new(target, "user1", "pass1");
+        if d.allocate().is_some() {
+            held.push(d);
+        } else {
+            refused = Some(d);
+            break;
+        }
+    }
+    let refused = refused.expect("no allocation was refused within the fd limit");
+    assert!(
+        refused.responses.iter().any(|r| r.error_code == Some(508)),
+        "{:?}",
+        refused.responses
+    );
+    assert!(held.len() >= 5, "only {} allocations fit", held.len());
+    // Deleting one frees its socket: the next client gets it.
+    held.pop().unwrap().delete();
+    let mut next = Driver::new(target, "user1", "pass1");
+    assert!(next.allocate().is_some(), "{:?}", next.responses);
+    // With one more deleted, a descriptor is free for the metrics server to answer, and the
+    // refused allocation holds nothing.
+    held.pop().unwrap().delete();
+    let expected = (held.len() + 1) as f64;
+    assert!(
+        wait_until(2, || metric(metrics, "stunner_allocations_active ")
+            == Some(expected)),
+        "{:?} allocations active, expected {expected}",
+        metric(metrics, "stunner_allocations_active ")
+    );
+    assert!(server.logs().lines().all(|l| !l.contains("panicked")));
+}
+
+/// A DTLS client on memory buffers, to make ClientHellos the way a real client does.
+mod dtls_client {
+    use openssl::ssl::{Ssl, SslContext, SslMethod, SslStream, SslVerifyMode};
+    use std::collections::VecDeque;
+    use std::io::{self, Read, Write};
+
+    #[derive(Default)]
+    pub struct Wire {
+        pub inbox: VecDeque<Vec<u8>>,
+        pub outbox: Vec<Vec<u8>>,
+    }
+
+    impl Read for Wire {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let datagram = self.inbox.pop_front().ok_or(io::ErrorKind::WouldBlock)?;
+            let n = datagram.len().min(buf.len());
+            buf[..n].copy_from_slice(&datagram[..n]);
+            Ok(n)
+        }
+    }
+
+    impl Write for Wire {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.outbox.push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    pub fn client() -> SslStream<Wire> {
+        let mut context = SslContext::builder(SslMethod::dtls()).unwrap();
+        context.set_verify(SslVerifyMode::NONE);
+        let mut ssl = Ssl::new(&context.build()).unwrap();
+        ssl.set_connect_state();
+        SslStream::new(ssl, Wire::default()).unwrap()
+    }
+
+    /// Steps the handshake and returns what the client wrote.
+    pub fn step(stream: &mut SslStream<Wire>) -> Vec<Vec<u8>> {
+        let _ = stream.do_handshake();
+        std::mem::take(&mut stream.get_mut().outbox)
+    }
+}
+
+/// The DTLS handshake message type of a record (RFC 6347 §4.2.2): 3 HelloVerifyRequest,
+/// 2 ServerHello.
+fn handshake_type(record: &[u8]) -> Option<u8> {
+    (record.len() > 13 && record[0] == 22).then(|| record[13])
+}
+
+fn exchange(socket: &UdpSocket, to: SocketAddr, datagram: &[u8]) -> Vec<u8> {
+    socket.send_to(datagram, to).unwrap();
+    let mut buf = [0u8; 2048];
+    let (n, _) = socket.recv_from(&mut buf).expect("a DTLS answer");
+    buf[..n].to_vec()
+}
+
+/// A ClientHello creates no DTLS session until it echoes the cookie of a HelloVerifyRequest,
+/// and a cookie is good only from the address it was made for.
+#[test]
+fn dtls_sessions_start_only_after_a_cookie_round_trip() {
+    let _serial = serial();
+    let (port, metrics) = (free_port(), free_port());
+    let (cert, key) = {
+        use base64::Engine as _;
+        let (cert, key) = uturn_dataplane::io::tls::self_signed("127.0.0.1").unwrap();
+        let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+        (encode(&cert), encode(&key))
+    };
+    let config = format!(
+        "version: v1\nadmin: {{healthcheck_endpoint: \"\", metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
+         auth: {STATIC}\n\
+         listeners: [{{name: dtls, protocol: TURN-DTLS, address: 127.0.0.1, port: {port}, routes: [media], cert: \"{cert}\", key: \"{key}\"}}]\n\
+         clusters: [{{name: media, endpoints: [127.0.0.1]}}]\n"
+    );
+    let (server, _config) = start(&config, metrics, &[]);
+    let target: SocketAddr = ([127, 0, 0, 1], port).into();
+    let sessions = || metric(metrics, "stunner_listener_connections{name=\"dtls\"} ");
+    let opened = || {
+        metric(
+            metrics,
+            "stunner_listener_connections_total{name=\"dtls\"} ",
+        )
+    };
+
+    // The listener socket itself counts as one opened connection, as in stunnerd.
+    let opened_at_start = opened().expect("DTLS listener metrics");
+    let mut client = dtls_client::client();
+    let hello = dtls_client::step(&mut client).remove(0);
+    // 2 000 cookieless ClientHellos from 200 source ports: each gets a HelloVerifyRequest no
+    // larger than itself, and no session is made.
+    let mut answers = 0;
+    let mut largest = 0;
+    for _ in 0..200 {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        for _ in 0..10 {
+            let answer = exchange(&socket, target, &hello);
+            assert_eq!(handshake_type(&answer), Some(3), "{answer:?}");
+            largest = largest.max(answer.len());
+            answers += 1;
+        }
+    }
+    assert_eq!(answers, 2000);
+    assert!(
+        largest <= hello.len(),
+        "{largest} bytes answer a {}-byte hello",
+        hello.len()
+    );
+    // Shards publish their counters every tick (100 ms).
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(sessions(), Some(0.0));
+    assert_eq!(opened(), Some(opened_at_start));
+
+    // The real client: its ClientHello, the HelloVerifyRequest, the ClientHello with cookie.
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let verify = exchange(&socket, target, &hello);
+    assert_eq!(handshake_type(&verify), Some(3));
+    client.get_mut().inbox.push_back(verify);
+    let with_cookie = dtls_client::step(&mut client).remove(0);
+    // Replayed from another address, the cookie is refused: another HelloVerifyRequest.
+    let thief = UdpSocket::bind("127.0.0.1:0").unwrap();
+    thief
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    assert_eq!(
+        handshake_type(&exchange(&thief, target, &with_cookie)),
+        Some(3)
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(opened(), Some(opened_at_start));
+    // From its own address, the handshake goes on: a ServerHello, and one session.
+    assert_eq!(
+        handshake_type(&exchange(&socket, target, &with_cookie)),
+        Some(2)
+    );
+    assert!(wait_until(2, || opened() == Some(opened_at_start + 1.0)));
+    assert!(wait_until(2, || sessions() == Some(1.0)));
+    assert!(server.logs().lines().all(|l| !l.contains("panicked")));
+}
