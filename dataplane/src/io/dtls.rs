@@ -197,7 +197,12 @@ impl Gate {
         self.stream.get_mut().has_incoming = false;
         if verdict <= 0 {
             // 0: no valid cookie (a HelloVerifyRequest went out) or not a ClientHello; below
-            // 0: an error. Nothing is kept either way; OpenSSL clears the object next time.
+            // 0: an error, whose queued reasons are dropped here so that they do not surface
+            // in a later, unrelated error. Nothing is kept either way; OpenSSL clears the
+            // object next time.
+            if verdict < 0 {
+                drop(ErrorStack::get());
+            }
             return Admission::Nothing;
         }
         let Ok(fresh) = listening_stream(&self.context) else {
@@ -355,4 +360,30 @@ fn drain(mem: &mut Mem, mut send: impl FnMut(&[u8])) {
 
 fn wants_more(code: ErrorCode) -> bool {
     code == ErrorCode::WANT_READ || code == ErrorCode::WANT_WRITE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookies_are_bound_to_the_client_address_and_expire() {
+        let jar = CookieJar { secret: [7; 32] };
+        let client: SocketAddr = "192.0.2.1:5000".parse().unwrap();
+        let other_port: SocketAddr = "192.0.2.1:5001".parse().unwrap();
+        let other_ip: SocketAddr = "[2001:db8::1]:5000".parse().unwrap();
+        let t = 1_000_000;
+        let cookie = jar.cookie(client, t);
+        assert!(jar.verify(client, t, &cookie));
+        assert!(jar.verify(client, t + COOKIE_WINDOW_SECS, &cookie));
+        assert!(!jar.verify(client, t + 2 * COOKIE_WINDOW_SECS, &cookie));
+        assert!(!jar.verify(other_port, t, &cookie));
+        assert!(!jar.verify(other_ip, t, &cookie));
+        assert!(!jar.verify(client, t, &cookie[..COOKIE_LEN - 1]));
+        let mut bent = cookie;
+        bent[5] ^= 1;
+        assert!(!jar.verify(client, t, &bent));
+        let other_secret = CookieJar { secret: [8; 32] };
+        assert!(!other_secret.verify(client, t, &cookie));
+    }
 }
