@@ -307,6 +307,11 @@ pub(super) struct Shard<D: Driver> {
     /// Taken while a stream read or a DTLS datagram is handled.
     scratch: Option<Box<[u8]>>,
     next_sweep: Instant,
+    /// A descriptor held in reserve: out of descriptors, it is let go for a moment to accept
+    /// and close a waiting connection, so the listener does not stay readable (epoll).
+    spare_fd: Option<std::os::fd::OwnedFd>,
+    /// Warnings about exhausted resources (descriptors, ports), which a client can cause.
+    resource_log: crate::proto::ratelimit::LogLimiter,
 }
 
 /// The tag of a relayed datagram whose cluster has no counter slot.
@@ -335,6 +340,8 @@ impl<D: Driver> Shard<D> {
             dirty_conns: Vec::new(),
             scratch: Some(vec![0u8; SCRATCH].into_boxed_slice()),
             next_sweep: Instant::now() + SWEEP,
+            spare_fd: spare_fd(),
+            resource_log: Default::default(),
         }
     }
 
@@ -521,7 +528,9 @@ impl<D: Driver> Shard<D> {
                     io::ErrorKind::WouldBlock => return Readiness::Drained,
                     io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted => continue,
                     _ => {
-                        tracing::warn!(target: "stunner", "accept failed: {error}");
+                        if self.accept_failed(fd, &error) {
+                            continue;
+                        }
                         return Readiness::Drained;
                     }
                 }
@@ -531,6 +540,43 @@ impl<D: Driver> Shard<D> {
             self.accepted(id, socket);
         }
         Readiness::More
+    }
+
+    /// An accept on `listener_fd` failed with `error`: logs it (rate-limited) and, out of
+    /// descriptors, refuses one waiting connection. True if one was refused (accept again).
+    pub fn accept_failed(&mut self, listener_fd: RawFd, error: &io::Error) -> bool {
+        let refused = matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+            && self.refuse_one(listener_fd);
+        if let Some(suppressed) = self.resource_log.allow(Instant::now()) {
+            let what = if refused { ", connection refused" } else { "" };
+            tracing::warn!(target: "stunner", "accept failed: {error}{what}{suppressed}");
+        }
+        refused
+    }
+
+    /// Out of descriptors: accepts one waiting connection on the spare descriptor and closes
+    /// it at once, so that the level-triggered listener does not wake the shard in a loop
+    /// and the client learns at once. False if there is no spare to use.
+    fn refuse_one(&mut self, listener_fd: RawFd) -> bool {
+        if self.spare_fd.take().is_none() {
+            self.spare_fd = spare_fd();
+            return false;
+        }
+        // SAFETY: plain syscall on an open listening socket; the result is closed at once.
+        let accepted = unsafe {
+            libc::accept4(
+                listener_fd,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if accepted >= 0 {
+            // SAFETY: a new fd that nothing else owns.
+            unsafe { libc::close(accepted) };
+        }
+        self.spare_fd = spare_fd();
+        accepted >= 0
     }
 
     /// Takes a connection accepted on stream listener `id`.
@@ -892,6 +938,7 @@ impl<D: Driver> Shard<D> {
             out,
             index,
             to_peers,
+            resource_log,
             ..
         } = self;
         let snap: &Snapshot = cache.load();
@@ -945,7 +992,9 @@ impl<D: Driver> Shard<D> {
                         Ok(port)
                     }
                     Err(e) => {
-                        tracing::warn!(target: "stunner", "cannot allocate relay socket: {e}");
+                        if let Some(suppressed) = resource_log.allow(now) {
+                            tracing::warn!(target: "stunner", "cannot allocate relay socket: {e}{suppressed}");
+                        }
                         Err(())
                     }
                 };
@@ -1235,6 +1284,11 @@ impl<D: Driver> Shard<D> {
             });
         }
     }
+}
+
+/// A descriptor to hold in reserve (`/dev/null`), if one can be had.
+fn spare_fd() -> Option<std::os::fd::OwnedFd> {
+    std::fs::File::open("/dev/null").ok().map(Into::into)
 }
 
 /// What a listener spec needs to run: for TLS and DTLS, its certificate and key.

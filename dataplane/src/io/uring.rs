@@ -44,7 +44,10 @@ impl Driver for Uring {
         Ok(match (interest, token) {
             (Interest::Accept, Token::Listener(id, _)) => {
                 let listener = unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) };
-                (fd, Watch::Task(spawn_local(accept(shard, listener, id))))
+                (
+                    fd,
+                    Watch::Task(spawn_local(accept(shard, listener, fd, id))),
+                )
             }
             (Interest::Stream, _) => {
                 let stream = unsafe { TcpStream::from_raw_fd(socket.into_raw_fd()) };
@@ -113,15 +116,27 @@ impl std::future::Future for YieldNow {
     }
 }
 
-/// Accepts connections on a TCP listener and hands each to the shard.
-async fn accept(shard: Weak<RefCell<Shard<Uring>>>, listener: TcpListener, id: ListenerId) {
+/// Accepts connections on a TCP listener (whose fd is `listener_fd`) and hands each to the
+/// shard.
+async fn accept(
+    shard: Weak<RefCell<Shard<Uring>>>,
+    listener: TcpListener,
+    listener_fd: RawFd,
+    id: ListenerId,
+) {
     loop {
         let stream = match listener.accept().await {
             Ok(stream) => stream,
             Err(e) => {
-                tracing::debug!(target: "stunner", "accept failed: {e}");
-                // Out of fds, say: back off rather than spin.
-                glommio::timer::sleep(Duration::from_millis(10)).await;
+                let Some(shard) = shard.upgrade() else {
+                    return;
+                };
+                let error = std::io::Error::from(e);
+                let refused = lock(&shard).await.accept_failed(listener_fd, &error);
+                if !refused {
+                    // Back off rather than spin.
+                    glommio::timer::sleep(Duration::from_millis(10)).await;
+                }
                 continue;
             }
         };

@@ -403,33 +403,38 @@ fn allocation_flood_by_one_user_stops_at_its_quota() {
     assert!(over.responses.iter().any(|r| r.error_code == Some(486)));
 }
 
+/// The open-file limit the exhaustion tests give stunnerd.
+const FD_LIMIT: libc::rlim_t = 64;
+
+/// Lowers the child's open-file limit (soft and hard, so stunnerd cannot raise it).
+fn fd_limit(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe; it runs in the child before exec.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: FD_LIMIT,
+                rlim_max: FD_LIMIT,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// With file descriptors for only a few relay sockets, the allocation that finds none gets
 /// 508, and one freed by a delete is taken by the next client.
 #[test]
 fn relay_socket_exhaustion_gives_508_and_recovers() {
     let _serial = serial();
     let (turn, metrics) = (free_port(), free_port());
-    const FD_LIMIT: libc::rlim_t = 64;
     let (server, _config) = start_with(
         &udp_config(turn, metrics, STATIC, ""),
         metrics,
         &[],
-        |command| {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: setrlimit is async-signal-safe; it runs in the child before exec.
-            unsafe {
-                command.pre_exec(|| {
-                    let limit = libc::rlimit {
-                        rlim_cur: FD_LIMIT,
-                        rlim_max: FD_LIMIT,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        },
+        fd_limit,
     );
     let target: SocketAddr = ([127, 0, 0, 1], turn).into();
     let mut held = Vec::new();
@@ -465,6 +470,79 @@ fn relay_socket_exhaustion_gives_508_and_recovers() {
         metric(metrics, "stunner_allocations_active ")
     );
     assert!(server.logs().lines().all(|l| !l.contains("panicked")));
+}
+
+/// Out of file descriptors, connections waiting to be accepted neither make the shard spin
+/// nor flood the log, relays go on, and once descriptors are back TCP clients are served.
+#[test]
+fn out_of_descriptors_accept_neither_spins_nor_floods_the_log() {
+    let _serial = serial();
+    let (turn, tcp, metrics) = (free_port(), free_port(), free_port());
+    let config = format!(
+        "version: v1\nadmin: {{healthcheck_endpoint: \"\", metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
+         auth: {STATIC}\n\
+         listeners:\n\
+         - {{name: udp, address: 127.0.0.1, port: {turn}, routes: [media]}}\n\
+         - {{name: tcp, protocol: TURN-TCP, address: 127.0.0.1, port: {tcp}, routes: [media]}}\n\
+         clusters: [{{name: media, endpoints: [127.0.0.1]}}]\n"
+    );
+    let (server, _config) = start_with(&config, metrics, &[], fd_limit);
+    let target: SocketAddr = ([127, 0, 0, 1], turn).into();
+    let peer = Peer::start();
+    let mut live = Driver::new(target, "user1", "pass1");
+    assert!(live.allocate().is_some(), "{:?}", live.events);
+    assert!(live.bind(peer.addr));
+
+    // More connections than descriptors: the kernel queues what stunnerd cannot accept.
+    let tcp_target: SocketAddr = ([127, 0, 0, 1], tcp).into();
+    let conns: Vec<TcpStream> = (0..2 * FD_LIMIT)
+        .filter_map(|_| TcpStream::connect_timeout(&tcp_target, Duration::from_secs(1)).ok())
+        .collect();
+    assert!(conns.len() as u64 > FD_LIMIT, "{} connections", conns.len());
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = server.pid();
+    let cpu_before = uturn_perf::load::cpu_seconds(pid).expect("CPU time");
+    let echoed = stream(&mut live, peer.addr, "starved", 500);
+    std::thread::sleep(Duration::from_millis(500));
+    let cpu = uturn_perf::load::cpu_seconds(pid).expect("CPU time") - cpu_before;
+    assert_eq!(
+        echoed, 500,
+        "the relay lost datagrams while accept was starved"
+    );
+    // About 1.5 s of wall time: a spinning shard would burn most of it.
+    assert!(
+        cpu < 0.5,
+        "stunnerd used {cpu:.2} s of CPU while out of descriptors"
+    );
+    let logs = server.logs();
+    let accept_lines = logs.lines().filter(|l| l.contains("accept")).count();
+    assert!(
+        accept_lines <= 20,
+        "{accept_lines} accept log lines:\n{logs}"
+    );
+
+    // What could not be accepted was refused (closed), not left hanging in the backlog.
+    let refused = conns
+        .iter()
+        .filter(|conn| {
+            let mut conn: &TcpStream = conn;
+            conn.set_read_timeout(Some(Duration::from_millis(20)))
+                .unwrap();
+            match std::io::Read::read(&mut conn, &mut [0u8; 64]) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            }
+        })
+        .count();
+    eprintln!("out of descriptors: {cpu:.2} s CPU, {accept_lines} accept log lines, {refused} of {} connections refused", conns.len());
+    assert!(refused > 0, "no waiting connection was refused");
+
+    drop(conns);
+    let served = wait_until(10, || {
+        BenchClient::allocate_over(tcp_target, "user1", "pass1", true).is_ok()
+    });
+    assert!(served, "no TCP client served after descriptors came back");
 }
 
 /// A DTLS client on memory buffers, to make ClientHellos the way a real client does.
