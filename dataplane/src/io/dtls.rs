@@ -29,8 +29,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const MTU: u32 = 1200;
 /// A DTLS handshake must finish within this.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A session with no allocation behind it is dropped after this long without a datagram.
-pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A DTLS server context for a listener's PEM certificate (chain) and key.
 pub(super) fn context(cert_pem: &[u8], key_pem: &[u8]) -> Result<SslContext, String> {

@@ -52,6 +52,9 @@ const ACCEPTS: usize = 64;
 const MAX_DTLS_SESSIONS: usize = 16 << 10;
 /// How often connections and DTLS sessions are checked for handshake and idle timeouts.
 const SWEEP: Duration = Duration::from_secs(1);
+/// A TCP/TLS connection or DTLS session with no allocation is closed after this long without
+/// a byte from its client, so that silent connections cannot hold descriptors for ever.
+const IDLE_WITHOUT_ALLOCATION: Duration = Duration::from_secs(30);
 /// Scratch for stream reads and DTLS plaintext.
 const SCRATCH: usize = 64 << 10;
 
@@ -375,21 +378,30 @@ impl<D: Driver> Shard<D> {
         stats.allocations.store(0, Ordering::Relaxed);
     }
 
-    /// Ends TLS handshakes that took too long, and DTLS sessions that stalled or outlived
-    /// their allocation.
+    /// Ends TLS handshakes that took too long, and connections and DTLS sessions that
+    /// stalled or went quiet without an allocation.
     fn sweep(&mut self, now: Instant) {
-        let late: Vec<u32> = self
+        let engine = &self.engine;
+        let late: Vec<(u32, Closed)> = self
             .conns
             .iter()
             .enumerate()
             .filter_map(|(slot, c)| {
-                c.as_ref()
-                    .filter(|c| c.handshake_deadline.is_some_and(|d| d <= now))
-                    .map(|_| slot as u32)
+                let c = c.as_ref()?;
+                let why = if c.handshake_deadline.is_some_and(|d| d <= now) {
+                    Closed::Tls
+                } else if now.saturating_duration_since(c.last_rx) >= IDLE_WITHOUT_ALLOCATION
+                    && !engine.has_allocation(c.listener, c.client)
+                {
+                    Closed::Idle
+                } else {
+                    return None;
+                };
+                Some((slot as u32, why))
             })
             .collect();
-        for slot in late {
-            self.close_conn(slot, Some(Closed::Tls));
+        for (slot, why) in late {
+            self.close_conn(slot, Some(why));
         }
         let engine = &mut self.engine;
         for listener in &mut self.listeners {
@@ -399,7 +411,8 @@ impl<D: Driver> Shard<D> {
             let id = listener.id;
             sessions.retain(|client, session| {
                 let stalled = session.handshake_deadline.is_some_and(|d| d <= now);
-                let idle = now.saturating_duration_since(session.last_rx) >= dtls::IDLE_TIMEOUT
+                let idle = now.saturating_duration_since(session.last_rx)
+                    >= IDLE_WITHOUT_ALLOCATION
                     && !engine.has_allocation(id, *client);
                 if stalled || idle {
                     engine.close_client(id, *client);
@@ -675,10 +688,13 @@ impl<D: Driver> Shard<D> {
         let Some(conn) = self.conns.get_mut(slot as usize).and_then(Option::as_mut) else {
             return Err(Closed::Error);
         };
+        let now = Instant::now();
         let read = conn.read(scratch);
+        if read.as_ref().is_ok_and(|&n| n > 0) {
+            conn.last_rx = now;
+        }
         let (id, client, metric) = (conn.listener, conn.client, conn.metric);
         let mut rx = conn.take_rx();
-        let now = Instant::now();
         // Frames that arrived before an end of stream are still handled.
         let mut outcome = read.map(drop);
         loop {

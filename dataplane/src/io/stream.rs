@@ -33,6 +33,8 @@ pub(super) enum Closed {
     Framing(FrameError),
     /// The TLS session failed (bad record, refused version, ...).
     Tls,
+    /// No allocation, and nothing from the client for a while.
+    Idle,
 }
 
 pub(super) struct Conn<W> {
@@ -52,6 +54,8 @@ pub(super) struct Conn<W> {
     tx_start: usize,
     /// Until when the TLS handshake may run.
     pub handshake_deadline: Option<Instant>,
+    /// When the client last sent bytes.
+    pub last_rx: Instant,
     /// Whether the shard has it on its list of connections to flush.
     pub dirty: bool,
     /// Whether the engine was asked to report it writable.
@@ -77,6 +81,7 @@ impl<W> Conn<W> {
             metric,
             client,
             handshake_deadline: tls.as_ref().map(|_| now + HANDSHAKE_TIMEOUT),
+            last_rx: now,
             tls,
             rx: Rx::default(),
             tx: Vec::new(),

@@ -81,6 +81,18 @@ fn udp_config(turn: u16, metrics: u16, auth: &str, admin_extra: &str) -> String 
     )
 }
 
+/// A TURN-UDP and a TURN-TCP listener.
+fn udp_tcp_config(turn: u16, tcp: u16, metrics: u16) -> String {
+    format!(
+        "version: v1\nadmin: {{healthcheck_endpoint: \"\", metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
+         auth: {STATIC}\n\
+         listeners:\n\
+         - {{name: udp, address: 127.0.0.1, port: {turn}, routes: [media]}}\n\
+         - {{name: tcp, protocol: TURN-TCP, address: 127.0.0.1, port: {tcp}, routes: [media]}}\n\
+         clusters: [{{name: media, endpoints: [127.0.0.1]}}]\n"
+    )
+}
+
 const FLOOD_IPS: u8 = 10;
 const PORTS_PER_IP: usize = 1000;
 const ALLOCATES_PER_PORT: usize = 10;
@@ -258,14 +270,7 @@ const LIVE: u32 = 1_500;
 fn malformed_flood_and_half_open_tcp_leave_relays_lossless() {
     let _serial = serial();
     let (turn, tcp, metrics) = (free_port(), free_port(), free_port());
-    let config = format!(
-        "version: v1\nadmin: {{healthcheck_endpoint: \"\", metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
-         auth: {STATIC}\n\
-         listeners:\n\
-         - {{name: udp, address: 127.0.0.1, port: {turn}, routes: [media]}}\n\
-         - {{name: tcp, protocol: TURN-TCP, address: 127.0.0.1, port: {tcp}, routes: [media]}}\n\
-         clusters: [{{name: media, endpoints: [127.0.0.1]}}]\n"
-    );
+    let config = udp_tcp_config(turn, tcp, metrics);
     let (server, _config) = start(&config, metrics, &[]);
     let target: SocketAddr = ([127, 0, 0, 1], turn).into();
     let peer = Peer::start();
@@ -472,20 +477,60 @@ fn relay_socket_exhaustion_gives_508_and_recovers() {
     assert!(server.logs().lines().all(|l| !l.contains("panicked")));
 }
 
+/// Whether the server closed `conn` (end of stream or reset), waiting up to 20 ms.
+fn closed_by_server(conn: &TcpStream) -> bool {
+    let mut conn = conn;
+    conn.set_read_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    match std::io::Read::read(&mut conn, &mut [0u8; 64]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    }
+}
+
+/// TCP connections that never allocate are closed after 30 s of silence, so they cannot
+/// hold descriptors for ever; a connection with an allocation stays.
+#[test]
+fn silent_connections_without_an_allocation_are_closed() {
+    let _serial = serial();
+    let (turn, tcp, metrics) = (free_port(), free_port(), free_port());
+    let (_server, _config) = start(&udp_tcp_config(turn, tcp, metrics), metrics, &[]);
+    let tcp_target: SocketAddr = ([127, 0, 0, 1], tcp).into();
+    let open = || metric(metrics, "stunner_listener_connections{name=\"tcp\"} ");
+    let mut allocated = BenchClient::allocate_over(tcp_target, "user1", "pass1", true).unwrap();
+    // Half say nothing, half stop in the middle of a STUN header.
+    let silent: Vec<TcpStream> = (0..50)
+        .map(|i| {
+            let mut conn = TcpStream::connect(tcp_target).unwrap();
+            if i % 2 == 1 {
+                conn.write_all(&[0x00, 0x01, 0x00]).unwrap();
+            }
+            conn
+        })
+        .collect();
+    let started = Instant::now();
+    assert!(wait_until(5, || open() == Some(51.0)), "{:?}", open());
+    assert!(
+        wait_until(45, || open() == Some(1.0)),
+        "{:?} connections still open",
+        open()
+    );
+    let took = started.elapsed();
+    assert!(took >= Duration::from_secs(29), "closed after {took:?}");
+    assert!(silent.iter().all(closed_by_server));
+    // The allocation's connection is still served.
+    let peer: SocketAddr = ([127, 0, 0, 1], 9).into();
+    allocated.create_permission(peer).unwrap();
+}
+
 /// Out of file descriptors, connections waiting to be accepted neither make the shard spin
 /// nor flood the log, relays go on, and once descriptors are back TCP clients are served.
 #[test]
 fn out_of_descriptors_accept_neither_spins_nor_floods_the_log() {
     let _serial = serial();
     let (turn, tcp, metrics) = (free_port(), free_port(), free_port());
-    let config = format!(
-        "version: v1\nadmin: {{healthcheck_endpoint: \"\", metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
-         auth: {STATIC}\n\
-         listeners:\n\
-         - {{name: udp, address: 127.0.0.1, port: {turn}, routes: [media]}}\n\
-         - {{name: tcp, protocol: TURN-TCP, address: 127.0.0.1, port: {tcp}, routes: [media]}}\n\
-         clusters: [{{name: media, endpoints: [127.0.0.1]}}]\n"
-    );
+    let config = udp_tcp_config(turn, tcp, metrics);
     let (server, _config) = start_with(&config, metrics, &[], fd_limit);
     let target: SocketAddr = ([127, 0, 0, 1], turn).into();
     let peer = Peer::start();
@@ -522,19 +567,7 @@ fn out_of_descriptors_accept_neither_spins_nor_floods_the_log() {
     );
 
     // What could not be accepted was refused (closed), not left hanging in the backlog.
-    let refused = conns
-        .iter()
-        .filter(|conn| {
-            let mut conn: &TcpStream = conn;
-            conn.set_read_timeout(Some(Duration::from_millis(20)))
-                .unwrap();
-            match std::io::Read::read(&mut conn, &mut [0u8; 64]) {
-                Ok(0) => true,
-                Ok(_) => false,
-                Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
-            }
-        })
-        .count();
+    let refused = conns.iter().filter(|c| closed_by_server(c)).count();
     eprintln!("out of descriptors: {cpu:.2} s CPU, {accept_lines} accept log lines, {refused} of {} connections refused", conns.len());
     assert!(refused > 0, "no waiting connection was refused");
 
