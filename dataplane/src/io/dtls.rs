@@ -54,7 +54,9 @@ pub(super) fn context(cert_pem: &[u8], key_pem: &[u8]) -> Result<SslContext, Str
         builder.set_cookie_generate_cb(move |ssl, out| {
             let client = client_of(ssl)?;
             let cookie = cookies.cookie(client, unix_now());
-            out[..COOKIE_LEN].copy_from_slice(&cookie);
+            // OpenSSL lends 255 bytes; a panic here would cross into C.
+            let out = out.get_mut(..COOKIE_LEN).ok_or_else(ErrorStack::get)?;
+            out.copy_from_slice(&cookie);
             Ok(COOKIE_LEN)
         });
         builder.set_cookie_verify_cb(move |ssl, cookie| {
