@@ -48,29 +48,6 @@ fn main() {
             failed += 1;
         }
     }
-    // Known issues: each reproducer must fail in strict mode and pass otherwise.
-    let crashes = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crashes");
-    for r in uturn_fuzz::seeds::reproducers() {
-        let name = format!("{}-{}", r.target, r.name);
-        if !check_only {
-            std::fs::create_dir_all(&crashes).expect("create crashes dir");
-            std::fs::write(crashes.join(&name), &r.bytes).expect("write reproducer");
-        }
-        uturn_fuzz::engine::set_strict(false);
-        let tolerated = std::panic::catch_unwind(|| run(r.target, &r.bytes)).is_ok();
-        uturn_fuzz::engine::set_strict(true);
-        let hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(|_| {}));
-        let strict_fails = std::panic::catch_unwind(|| run(r.target, &r.bytes)).is_err();
-        std::panic::set_hook(hook);
-        uturn_fuzz::engine::set_strict(false);
-        if tolerated && strict_fails {
-            println!("known issue reproduces: crashes/{name}");
-        } else {
-            eprintln!("FAILED: crashes/{name}: tolerated={tolerated} strict_fails={strict_fails}");
-            failed += 1;
-        }
-    }
     let bytes: usize = seeds.iter().map(|s| s.bytes.len()).sum();
     println!(
         "{} seeds ({bytes} bytes), {failed} failed{}",

@@ -15,13 +15,12 @@
 use crate::input::Input;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use stun_proto::types::attribute::{Attribute, AttributeStaticType, Fingerprint};
 use stun_proto::types::attribute::{
     AttributeType, ErrorCode, MessageIntegrity, MessageIntegritySha256, Nonce, RawAttribute, Realm,
-    Username, XorMappedAddress,
+    UnknownAttributes, Username, XorMappedAddress,
 };
 use stun_proto::types::message::{
     IntegrityAlgorithm, IntegrityKey, LongTermKeyCredentials, Message, MessageClass, MessageType,
@@ -168,26 +167,6 @@ pub fn unauth_variants() -> &'static [Variant] {
     })
 }
 
-/// Whether known issues fail too (`UTURN_FUZZ_STRICT` set, or [`set_strict`]). Off by
-/// default, so fuzzing goes on past them; see the README's "Known issues".
-pub fn strict() -> bool {
-    match STRICT.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var_os("UTURN_FUZZ_STRICT").is_some();
-            STRICT.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-            on
-        }
-        v => v == 2,
-    }
-}
-
-/// Turns strict mode on or off (the reproducer replay uses it).
-pub fn set_strict(on: bool) {
-    STRICT.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-}
-
-static STRICT: AtomicU8 = AtomicU8::new(0);
-
 /// Whether `UTURN_FUZZ_TRACE` is set: the harness then prints every call and its outcome.
 pub fn tracing() -> bool {
     static T: OnceLock<bool> = OnceLock::new();
@@ -266,15 +245,40 @@ pub const METHODS: [Method; 7] = [
     DATA,
 ];
 
+/// The TURN methods uturn serves (any other request but Binding gets 400).
+const TURN_METHODS: [Method; 4] = [ALLOCATE, REFRESH, CREATE_PERMISSION, CHANNEL_BIND];
+
+/// Comprehension-required attribute types uturn understands in a TURN request (the
+/// dataplane's `proto::wire::KNOWN_REQUIRED`, which is private).
+const KNOWN_REQUIRED: [u16; 22] = [
+    0x0001, 0x0006, 0x0008, 0x0009, 0x000A, 0x000C, 0x000D, 0x0012, 0x0013, 0x0014, 0x0015, 0x0016,
+    0x0017, 0x0018, 0x0019, 0x001A, 0x001C, 0x001D, 0x0020, 0x0022, 0x0024, 0x0025,
+];
+
+/// The most attribute types a 420's UNKNOWN-ATTRIBUTES lists.
+pub const MAX_UNKNOWN_LISTED: usize = 32;
+
+/// What a 420 to `req` lists: its comprehension-required attribute types (below 0x8000) that
+/// uturn does not understand, each once, in order of first appearance, the first
+/// [`MAX_UNKNOWN_LISTED`].
+fn unknown_required(req: &Message<'_>) -> Vec<AttributeType> {
+    let mut all: Vec<AttributeType> = req
+        .iter_attributes()
+        .map(|(_, a)| a.get_type())
+        .filter(|t| u16::from(*t) < 0x8000 && !KNOWN_REQUIRED.contains(&u16::from(*t)))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    all.retain(|t| seen.insert(*t));
+    all.truncate(MAX_UNKNOWN_LISTED);
+    all
+}
+
 struct AllocModel {
     client: usize,
     relay: u32,
     expires: Instant,
     allocate_response: Vec<u8>,
     permissions: HashMap<IpAddr, Instant>,
-    /// Known issue 1 (not strict): permissions a CreatePermission answered with 508 may have
-    /// installed or refreshed before it hit the cap, until this time.
-    uncertain: HashMap<IpAddr, Instant>,
     channels: HashMap<u16, (SocketAddr, Instant)>,
 }
 
@@ -290,16 +294,6 @@ enum Expect {
     Drop(DropReason),
     /// A request: answered (`Reply`) or, for an Allocate, `AllocateRelay`.
     Answer,
-    /// This, or `Drop(NoPermission)` (a permission the model is not sure of).
-    Maybe(Box<Expect>),
-}
-
-/// Whether a live permission covers an IP, as far as the model knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Perm {
-    Yes,
-    No,
-    Maybe,
 }
 
 /// The harness: an engine, its snapshot, the virtual clock and the model.
@@ -317,8 +311,6 @@ pub struct Harness {
     allocs: HashMap<u32, AllocModel>,
     /// Whether an allocation may be made at all (false: unauthenticated input only).
     authenticated: bool,
-    /// Known issue 2 (not strict): Drop(Internal) for a large request over a stream.
-    tolerated_internal: u64,
 }
 
 impl Harness {
@@ -351,7 +343,6 @@ impl Harness {
             nonces: vec![None; n],
             allocs: HashMap::new(),
             authenticated,
-            tolerated_internal: 0,
         }
     }
 
@@ -482,7 +473,7 @@ impl Harness {
         );
         assert_eq!(
             stats.dropped[DropReason::Internal.index()],
-            self.tolerated_internal,
+            0,
             "a Drop(Internal)"
         );
         if count > 0 {
@@ -549,11 +540,10 @@ impl Harness {
                         };
                         let p = p.addr(msg.transaction_id());
                         let p = SocketAddr::new(canonical_ip(p.ip()), p.port());
-                        let perm = self.permission(alloc, p.ip());
-                        if perm == Perm::No {
+                        if !self.permitted(alloc, p.ip()) {
                             return Expect::Drop(DropReason::NoPermission);
                         }
-                        let permitted = match self.oracle(listener, p.ip(), Some(p.port())) {
+                        match self.oracle(listener, p.ip(), Some(p.port())) {
                             Some(cluster) => Expect::Relay {
                                 relay: alloc.relay,
                                 peer: p,
@@ -561,11 +551,6 @@ impl Harness {
                                 cluster,
                             },
                             None => Expect::Drop(DropReason::NotAdmitted),
-                        };
-                        if perm == Perm::Maybe {
-                            Expect::Maybe(Box::new(permitted))
-                        } else {
-                            permitted
                         }
                     }
                     _ => Expect::Drop(DropReason::Unhandled),
@@ -587,14 +572,9 @@ impl Harness {
         }
     }
 
-    fn permission(&self, a: &AllocModel, ip: IpAddr) -> Perm {
-        if a.permissions.get(&ip).is_some_and(|exp| *exp > self.now) {
-            Perm::Yes
-        } else if a.uncertain.get(&ip).is_some_and(|exp| *exp > self.now) {
-            Perm::Maybe
-        } else {
-            Perm::No
-        }
+    /// Whether a live permission covers `ip`.
+    fn permitted(&self, a: &AllocModel, ip: IpAddr) -> bool {
+        a.permissions.get(&ip).is_some_and(|exp| *exp > self.now)
     }
 
     /// Sends `data` from client `client`; `bind_ok`: whether a relay socket bind succeeds.
@@ -627,26 +607,6 @@ impl Harness {
                 }
             }
         }
-        if action == ClientAction::Drop(DropReason::Internal)
-            && expect == Expect::Answer
-            && self.max_message(client) > MAX_DATAGRAM
-            && data.len() >= 2000
-            && !strict()
-        {
-            // Known issue 2: the reply (a 420 listing every unknown attribute of a big
-            // request) does not fit the shell's 2048-byte buffer and is dropped as our bug.
-            self.tolerated_internal += 1;
-            self.drain_closes();
-            self.check_global();
-            return;
-        }
-        let expect = match expect {
-            Expect::Maybe(_) if action == ClientAction::Drop(DropReason::NoPermission) => {
-                Expect::Drop(DropReason::NoPermission)
-            }
-            Expect::Maybe(inner) => *inner,
-            e => e,
-        };
         match (&expect, action) {
             (Expect::Answer, ClientAction::Reply(n)) => self.reply(client, data, n),
             (Expect::Answer, ClientAction::AllocateRelay(req)) => {
@@ -708,7 +668,6 @@ impl Harness {
                             expires: self.now + Duration::from_secs(u64::from(lifetime)),
                             allocate_response: reply,
                             permissions: HashMap::new(),
-                            uncertain: HashMap::new(),
                             channels: HashMap::new(),
                         },
                     );
@@ -797,34 +756,36 @@ impl Harness {
             );
             return;
         }
+        let code = r.attribute::<ErrorCode>().ok().map(|e| e.code());
+        if !TURN_METHODS.contains(&req.method()) {
+            // Any other request, whatever its attributes, is refused.
+            assert_eq!(code, Some(400), "{:?} request not refused", req.method());
+        } else {
+            // RFC 8489 §6.3.1, before authentication; each type once, at most 32.
+            let unknown = unknown_required(&req);
+            if unknown.is_empty() {
+                assert_ne!(code, Some(420), "420 without an unknown attribute");
+            } else {
+                assert_eq!(
+                    code,
+                    Some(420),
+                    "unknown attributes {unknown:?} not refused"
+                );
+                assert!(!signed, "420 signed");
+                let listed = r
+                    .attribute::<UnknownAttributes>()
+                    .expect("420 UNKNOWN-ATTRIBUTES");
+                assert_eq!(listed, UnknownAttributes::new(&unknown), "420 lists");
+            }
+        }
         if r.class() == MessageClass::Error {
-            let code = r
-                .attribute::<ErrorCode>()
-                .unwrap_or_else(|e| panic!("error reply without ERROR-CODE: {e:?}"))
-                .code();
+            let code = code.unwrap_or_else(|| panic!("error reply without ERROR-CODE"));
             assert!((300..700).contains(&code), "error code {code}");
             if code == 401 || code == 438 {
                 let nonce = r.attribute::<Nonce>().expect("challenge NONCE");
                 let realm = r.attribute::<Realm>().expect("challenge REALM");
                 assert_eq!(realm.realm(), REALM);
                 self.nonces[client] = Some(nonce.nonce().to_owned());
-            }
-            if code == 508 && req.method() == CREATE_PERMISSION && !strict() {
-                // Known issue 1: the permissions before the one over the cap stay installed.
-                let txid = req.transaction_id();
-                let now = self.now;
-                if let Some(relay) = self.alloc_of(client).map(|a| a.relay) {
-                    let a = self.allocs.get_mut(&relay).unwrap();
-                    for i in 0.. {
-                        match req.nth_attribute::<XorPeerAddress>(i) {
-                            Ok(p) => {
-                                let ip = canonical_ip(p.addr(txid).ip());
-                                a.uncertain.insert(ip, now + PERMISSION_LIFETIME);
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                }
             }
             return;
         }
@@ -911,34 +872,13 @@ impl Harness {
         }
     }
 
-    /// The model's prediction for a peer datagram, and the channel number if framed in place.
-    /// `.1`: `Drop(NoPermission)` is acceptable too.
+    /// The model's prediction for a peer datagram: (client, listener, admitting cluster, the
+    /// channel number if framed in place), or the drop reason.
     fn expect_peer(
         &self,
         relay: u32,
         peer: SocketAddr,
-    ) -> (
-        Result<(usize, usize, ClusterId, Option<u16>), DropReason>,
-        bool,
-    ) {
-        match self.expect_peer_inner(relay, peer) {
-            Err(e) => (Err(e), false),
-            Ok((r, maybe)) => (r, maybe),
-        }
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn expect_peer_inner(
-        &self,
-        relay: u32,
-        peer: SocketAddr,
-    ) -> Result<
-        (
-            Result<(usize, usize, ClusterId, Option<u16>), DropReason>,
-            bool,
-        ),
-        DropReason,
-    > {
+    ) -> Result<(usize, usize, ClusterId, Option<u16>), DropReason> {
         let Some(a) = self.allocs.get(&relay) else {
             return Err(DropReason::NoAllocation);
         };
@@ -949,24 +889,19 @@ impl Harness {
             .iter()
             .find(|(_, (p, exp))| *p == peer && *exp > self.now)
             .map(|(&n, _)| n);
-        let perm = self.permission(a, peer.ip());
-        if channel.is_none() && perm == Perm::No {
+        if channel.is_none() && !self.permitted(a, peer.ip()) {
             return Err(DropReason::NoPermission);
         }
-        let maybe = channel.is_none() && perm == Perm::Maybe;
-        Ok((
-            match self.oracle(listener, peer.ip(), Some(peer.port())) {
-                Some(c) => Ok((a.client, listener, c, channel)),
-                None => Err(DropReason::NotAdmitted),
-            },
-            maybe,
-        ))
+        match self.oracle(listener, peer.ip(), Some(peer.port())) {
+            Some(c) => Ok((a.client, listener, c, channel)),
+            None => Err(DropReason::NotAdmitted),
+        }
     }
 
     /// A datagram from `peer` to relay `relay`.
     pub fn peer(&mut self, relay: u32, peer: SocketAddr, payload: &[u8]) {
         let payload = &payload[..payload.len().min(MAX_DATAGRAM)];
-        let (expect, maybe) = self.expect_peer(relay, peer);
+        let expect = self.expect_peer(relay, peer);
         let mut buf = vec![0u8; PEER_HEADROOM + payload.len()];
         buf[PEER_HEADROOM..].copy_from_slice(payload);
         let action = self.engine.handle_peer(
@@ -983,11 +918,6 @@ impl Harness {
                 self.now - epoch()
             );
         }
-        let expect = if maybe && action == PeerAction::Drop(DropReason::NoPermission) {
-            Err(DropReason::NoPermission)
-        } else {
-            expect
-        };
         match (expect, action) {
             (Err(want), PeerAction::Drop(got)) => {
                 assert_eq!(want, got, "peer {peer} -> relay {relay}")

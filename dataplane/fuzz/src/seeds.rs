@@ -104,6 +104,26 @@ fn engine_unauth() -> Vec<(String, Vec<u8>)> {
     let send = send.finish();
     let unknown = RawAttribute::new(AttributeType::new(0x7777), &[0, 0, 0, 0]);
     let ephemeral_user = Username::new("1800003600:alice").unwrap();
+    // 1000 unknown comprehension-required attributes cycling through 40 types (and one
+    // comprehension-optional type, not listed), over TURN-TCP: the 420 lists 0x7700..=0x771f,
+    // once each. Regression: a 420 listing every one needed 2048+ bytes, more than the
+    // shell's reply buffer, and the request was dropped as Drop(Internal).
+    let mut many_unknown = msg(
+        MessageClass::Request,
+        ALLOCATE,
+        &[&RequestedTransport::new(17)],
+    );
+    for i in 0..1000u16 {
+        let t = if i % 100 == 99 {
+            0x8888
+        } else {
+            0x7700 + i % 40
+        };
+        many_unknown
+            .add_attribute(&RawAttribute::new(AttributeType::new(t), &[]))
+            .unwrap();
+    }
+    let many_unknown = many_unknown.finish();
     let channel = ChannelNumber::new(SETUP_CHANNEL);
     vec![
         ("binding_v4".into(), unauth(0, v4, &binding)),
@@ -179,6 +199,10 @@ fn engine_unauth() -> Vec<(String, Vec<u8>)> {
                 v4,
                 &request(ALLOCATE, &[&udp, &unknown, &unknown, &unknown, &unknown]),
             ),
+        ),
+        (
+            "tcp_420_many_unknown".into(),
+            unauth(0x20, v4, &many_unknown),
         ),
     ]
 }
@@ -277,9 +301,7 @@ fn engine_session() -> Vec<(String, Vec<u8>)> {
         let mut f = n.to_be_bytes().to_vec();
         f.extend_from_slice(&(payload.len() as u16).to_be_bytes());
         f.extend_from_slice(payload);
-        while f.len() % 4 != 0 {
-            f.push(0);
-        }
+        f.resize(f.len().next_multiple_of(4), 0);
         f
     };
     let mut seeds: Vec<(String, Vec<u8>)> = Vec::new();
@@ -450,6 +472,34 @@ fn engine_session() -> Vec<(String, Vec<u8>)> {
                 0,
                 &[(0x7777, &[0; 4]), (0x7778, &[]), (0x7779, &[])],
             )
+            .done(),
+    );
+    // max_permissions 2; the setup holds 10.1.2.3 (permission and channel). Regression: a
+    // CreatePermission answered with 508 installed (or refreshed) the peers before the one
+    // over the cap, and data then flowed to and from a peer whose request was refused.
+    add(
+        "create_permission_508_atomic",
+        Session::new(2)
+            // 10.1.2.4 and 127.0.0.1 are new: 1 + 2 > 2, so 508 and 10.1.2.4 stays closed.
+            .auth(0, M_PERMISSION, 0x508, 0, bit(2) | bit(7), &[])
+            .send(0, 2, 0x509, b"not relayed after a 508")
+            .peer(0, 2, b"nor back")
+            // 10.1.2.3 is held, so again 508: its permission must not be refreshed.
+            .advance(200)
+            .auth(
+                0,
+                M_PERMISSION,
+                0x50a,
+                0,
+                bit(SETUP_PEER) | bit(2) | bit(7),
+                &[],
+            )
+            .advance(101)
+            .send(0, p, 0x50b, b"permission expired at 300 s")
+            // Expired permissions are dropped before the cap is checked: 0 + 2 <= 2.
+            .auth(0, M_PERMISSION, 0x50c, 0, bit(2) | bit(7), &[])
+            .send(0, 2, 0x50d, b"now permitted")
+            .peer(0, 7, b"from loopback")
             .done(),
     );
     add(
@@ -652,44 +702,6 @@ fn peer_policy() -> Vec<(String, Vec<u8>)> {
                 [0; 8],
             ),
         ),
-    ]
-}
-
-/// Reproducers of known issues in the code under test (see the README), written to
-/// `crashes/<target>-<name>`: each fails only in strict mode (`UTURN_FUZZ_STRICT=1`).
-pub fn reproducers() -> Vec<Seed> {
-    let mut unknown = msg(
-        MessageClass::Request,
-        ALLOCATE,
-        &[&RequestedTransport::new(17)],
-    );
-    for _ in 0..1000 {
-        unknown
-            .add_attribute(&RawAttribute::new(AttributeType::new(0x7777), &[]))
-            .unwrap();
-    }
-    let unknown = unknown.finish();
-    vec![
-        Seed {
-            target: "engine_unauth",
-            // Over TURN-TCP (flags bit 5): an Allocate with 1000 unknown comprehension-required
-            // attributes. The 420 listing them needs 2048+ bytes, more than the shell's reply
-            // buffer: the engine drops the request as Drop(Internal) ("our bug").
-            name: "tcp-420-overflows-reply-buffer".into(),
-            bytes: unauth(0x20, "192.0.2.10:40000", &unknown),
-        },
-        Seed {
-            target: "engine_session",
-            // max_permissions 2; the setup holds 10.1.2.3. CreatePermission [10.1.2.4, 127.0.0.1]
-            // gets 508, yet 10.1.2.4 was installed: a Send to it is relayed and its datagrams
-            // come back as Data indications.
-            name: "create-permission-508-partial".into(),
-            bytes: Session::new(2)
-                .auth(0, M_PERMISSION, 0x508, 0, bit(2) | bit(7), &[])
-                .send(0, 2, 0x509, b"relayed after a 508")
-                .peer(0, 2, b"and back")
-                .done(),
-        },
     ]
 }
 
