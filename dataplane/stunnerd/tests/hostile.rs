@@ -93,6 +93,29 @@ fn udp_tcp_config(turn: u16, tcp: u16, metrics: u16) -> String {
     )
 }
 
+/// An echo peer and a client with a channel bound to it, through `target`.
+fn live_relay(target: SocketAddr) -> (Peer, Driver) {
+    let peer = Peer::start();
+    let mut live = Driver::new(target, "user1", "pass1");
+    assert!(live.allocate().is_some(), "{:?}", live.events);
+    assert!(live.bind(peer.addr));
+    (peer, live)
+}
+
+/// `n` connections to `target` that never finish a message: half say nothing, half stop in
+/// the middle of a STUN header.
+fn half_open(target: SocketAddr, n: usize) -> Vec<TcpStream> {
+    (0..n)
+        .map(|i| {
+            let mut conn = TcpStream::connect(target).unwrap();
+            if i % 2 == 1 {
+                conn.write_all(&[0x00, 0x03, 0x00, 0x10, 0x21]).unwrap();
+            }
+            conn
+        })
+        .collect()
+}
+
 const FLOOD_IPS: u8 = 10;
 const PORTS_PER_IP: usize = 1000;
 const ALLOCATES_PER_PORT: usize = 10;
@@ -273,22 +296,11 @@ fn malformed_flood_and_half_open_tcp_leave_relays_lossless() {
     let config = udp_tcp_config(turn, tcp, metrics);
     let (server, _config) = start(&config, metrics, &[]);
     let target: SocketAddr = ([127, 0, 0, 1], turn).into();
-    let peer = Peer::start();
-    let mut live = Driver::new(target, "user1", "pass1");
-    assert!(live.allocate().is_some(), "{:?}", live.events);
-    assert!(live.bind(peer.addr));
+    let (peer, mut live) = live_relay(target);
 
     // Half-open connections: half say nothing, half stop mid-header.
     let tcp_target: SocketAddr = ([127, 0, 0, 1], tcp).into();
-    let half_open: Vec<TcpStream> = (0..HALF_OPEN)
-        .map(|i| {
-            let mut conn = TcpStream::connect(tcp_target).unwrap();
-            if i % 2 == 1 {
-                conn.write_all(&[0x00, 0x03, 0x00, 0x10, 0x21]).unwrap();
-            }
-            conn
-        })
-        .collect();
+    let half_open = half_open(tcp_target, HALF_OPEN);
     assert!(
         wait_until(10, || metric(
             metrics,
@@ -499,16 +511,7 @@ fn silent_connections_without_an_allocation_are_closed() {
     let tcp_target: SocketAddr = ([127, 0, 0, 1], tcp).into();
     let open = || metric(metrics, "stunner_listener_connections{name=\"tcp\"} ");
     let mut allocated = BenchClient::allocate_over(tcp_target, "user1", "pass1", true).unwrap();
-    // Half say nothing, half stop in the middle of a STUN header.
-    let silent: Vec<TcpStream> = (0..50)
-        .map(|i| {
-            let mut conn = TcpStream::connect(tcp_target).unwrap();
-            if i % 2 == 1 {
-                conn.write_all(&[0x00, 0x01, 0x00]).unwrap();
-            }
-            conn
-        })
-        .collect();
+    let silent = half_open(tcp_target, 50);
     let started = Instant::now();
     assert!(wait_until(5, || open() == Some(51.0)), "{:?}", open());
     assert!(
@@ -533,10 +536,7 @@ fn out_of_descriptors_accept_neither_spins_nor_floods_the_log() {
     let config = udp_tcp_config(turn, tcp, metrics);
     let (server, _config) = start_with(&config, metrics, &[], fd_limit);
     let target: SocketAddr = ([127, 0, 0, 1], turn).into();
-    let peer = Peer::start();
-    let mut live = Driver::new(target, "user1", "pass1");
-    assert!(live.allocate().is_some(), "{:?}", live.events);
-    assert!(live.bind(peer.addr));
+    let (peer, mut live) = live_relay(target);
 
     // More connections than descriptors: the kernel queues what stunnerd cannot accept.
     let tcp_target: SocketAddr = ([127, 0, 0, 1], tcp).into();
