@@ -650,6 +650,20 @@ fn syntax_errors_say_so() {
 }
 
 #[test]
+fn json_strings_are_read_exactly_as_written() {
+    // YAML 1.1 would fold U+0085 (NEL) into a line break; JSON keeps it, and so does the
+    // config's own JSON, read back.
+    let text = r#"{"version": "v1", "auth": {"type": "static", "credentials": {"username": "u", "password": "pqr"}}}"#;
+    let raw = text.replace("\\u0085", "\u{85}");
+    for text in [text, raw.as_str()] {
+        let config = parse_ok(text);
+        assert_eq!(config.auth.credentials["password"], "p\u{85}q\u{85}\u{85}r");
+        let again = parse_ok(&config.to_json());
+        assert_eq!(again, config);
+    }
+}
+
+#[test]
 fn tls_listener_with_base64_pem_validates() {
     let text = json_with(&format!(
         r#""listeners": [{{"name": "t", "protocol": "turn-tls", "cert": "{}", "key": "{}"}}]"#,

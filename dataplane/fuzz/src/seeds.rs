@@ -570,6 +570,9 @@ fn config() -> Vec<(String, Vec<u8>)> {
     let none = "version: v1\nauth: {type: none}\nadmin: {healthcheck_endpoint: \"\"}\n";
     let bad =
         "version: v2\nauth: {credentials: {username: u}}\nlisteners: [{name: l, port: 70000}]\n";
+    // Found by fuzzing: U+0085 (NEL), which YAML 1.1 folds into a line break, in a JSON key
+    // (YAML refuses the document) and in a string (which must not change on the way back).
+    let nel = "{\"version\":\"v1\",\"auth\":{\"credentials\":{\"username\":\"u\",\"password\":\"p\"}},\"listeners\":[{\"name\":\"l\",\"x\u{85}\u{85}y\":1,\"cert\":\"c\u{85}\u{85}d\"}]}";
     vec![
         ("minimal_yaml".into(), text_seed(0, minimal)),
         ("full_json".into(), text_seed(0, json)),
@@ -578,6 +581,7 @@ fn config() -> Vec<(String, Vec<u8>)> {
         ("v1alpha1_dtls".into(), text_seed(0, v1alpha1)),
         ("auth_none".into(), text_seed(0, none)),
         ("errors".into(), text_seed(0, bad)),
+        ("json_nel_round_trip".into(), text_seed(0, nel)),
         ("session_config".into(), text_seed(0, &crate::engine::session_config(0))),
         ("uri_udp".into(), text_seed(2, "turn://user1:pass1@203.0.113.1:3478?transport=udp")),
         ("uri_turns".into(), text_seed(2, "turns://us%40er:p%3Ass@[2001:db8::1]?transport=tcp")),

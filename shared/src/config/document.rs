@@ -93,10 +93,16 @@ fn shell_name(s: &str) -> (&str, usize) {
     (&s[..len], len)
 }
 
-/// Parses YAML (JSON being YAML) into a JSON value, falling back to a JSON parser for JSON the
-/// YAML parser refuses, as `sigs.k8s.io/yaml` callers in stunnerd do.
+/// Parses a config document into a JSON value: JSON as JSON, anything else as YAML (as
+/// `sigs.k8s.io/yaml` callers in stunnerd do). JSON goes first because the YAML parser reads
+/// YAML 1.1, which folds U+0085 (NEL) inside quoted strings into line breaks: a JSON config's
+/// strings (a password, say) must be read exactly as written.
 pub(super) fn parse_document(text: &str) -> Result<Value, ConfigError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let json_error = match serde_json::from_str::<Value>(text) {
+        Ok(value) => return Ok(value),
+        Err(e) => e,
+    };
     let yaml_error = match serde_norway::from_str::<serde_norway::Value>(text) {
         Ok(mut yaml) => {
             // YAML merge keys (`<<: *anchor`), which go-yaml applies.
@@ -108,18 +114,16 @@ pub(super) fn parse_document(text: &str) -> Result<Value, ConfigError> {
         }
         Err(e) => e.to_string(),
     };
-    serde_json::from_str::<Value>(text).map_err(|json_error| {
-        let why = if text.trim_start().starts_with('{') {
-            format!("could not parse config as JSON ({json_error}) or as YAML ({yaml_error})")
-        } else {
-            format!("could not parse config as YAML ({yaml_error})")
-        };
-        ConfigError::new(
-            "",
-            "",
-            format!("{why}: fix the syntax at the reported line and column"),
-        )
-    })
+    let why = if text.trim_start().starts_with('{') {
+        format!("could not parse config as JSON ({json_error}) or as YAML ({yaml_error})")
+    } else {
+        format!("could not parse config as YAML ({yaml_error})")
+    };
+    Err(ConfigError::new(
+        "",
+        "",
+        format!("{why}: fix the syntax at the reported line and column"),
+    ))
 }
 
 /// `auth.credentials` of a document as written, for restoring them after env substitution.
