@@ -905,15 +905,13 @@ impl Engine {
         // RFC 8656 §9.2: permissions are installed only if the server can carry out the whole
         // request, so the cap is checked for all new peers before any is installed or refreshed.
         alloc.permissions.retain(|p| p.expires_at > now);
-        let mut new_peers = 0;
-        for (i, &ip) in peers.iter().enumerate() {
-            let ip = canonical_ip(ip);
-            let first_mention = !peers[..i].iter().any(|&q| canonical_ip(q) == ip);
-            if first_mention && !alloc.permissions.iter().any(|p| p.ip == ip) {
-                new_peers += 1;
+        let mut new_peers: Vec<IpAddr> = Vec::new();
+        for ip in peers.iter().map(|&ip| canonical_ip(ip)) {
+            if !new_peers.contains(&ip) && !alloc.permissions.iter().any(|p| p.ip == ip) {
+                new_peers.push(ip);
             }
         }
-        if alloc.permissions.len() + new_peers > max_permissions {
+        if alloc.permissions.len() + new_peers.len() > max_permissions {
             return Err(ErrorReply::new(508, "Insufficient Capacity"));
         }
         for ip in peers {

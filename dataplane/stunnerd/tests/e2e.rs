@@ -1,10 +1,13 @@
 //! End to end on loopback: the real `stunnerd` binary against coturn's `turnutils_uclient` and
 //! `turnutils_peer`.
 
+mod support;
+
 use std::io::Read;
 use std::net::UdpSocket;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use support::metric;
 
 fn free_udp_port() -> u16 {
     UdpSocket::bind("127.0.0.1:0")
@@ -640,17 +643,6 @@ fn tcp_allocation(
     client.create_permission(peer).expect("permission");
     let relay = client.relay;
     (client, relay)
-}
-
-fn metric(port: u16, line_start: &str) -> Option<f64> {
-    use std::io::Write;
-    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-    let mut body = String::new();
-    conn.read_to_string(&mut body).ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix(line_start))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 #[test]
