@@ -408,7 +408,9 @@ async fn run(
             }
             next = receiver.try_recv().ok();
         }
-        if let Some(snapshot) = state.poll_snapshot() {
+        if let Some(mut snapshot) = state.poll_snapshot() {
+            // An unchanged listener keeps its run, and with it its sockets on every shard.
+            snapshot.carry_listener_runs(&config.snapshot.load());
             tracing::debug!(target: "stunner", "publishing dataplane snapshot generation {}", snapshot.generation);
             config.snapshot.store(Arc::new(snapshot));
         }

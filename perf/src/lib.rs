@@ -5,6 +5,7 @@
 pub mod client;
 pub mod histogram;
 pub mod load;
+pub mod ports;
 pub mod turncat;
 
 pub use client::BenchClient;

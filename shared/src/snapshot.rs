@@ -32,6 +32,21 @@ pub struct ListenerSpec {
     pub realm: String,
     /// The listener's TLS/DTLS certificate and key: changing either restarts the listener.
     pub tls: TlsMaterial,
+    /// Which run of the listener this is: the generation of the snapshot that started it,
+    /// carried over while the listener stays the same ([`Snapshot::carry_listener_runs`]). A
+    /// listener removed and added back starts a new run, so a shard that skipped the snapshot
+    /// without it still sees it as new.
+    pub run: u64,
+}
+
+impl ListenerSpec {
+    /// Whether `self` and `other` describe the same listener, whatever their runs.
+    pub fn same_as(&self, other: &ListenerSpec) -> bool {
+        // Through the derived equality, so a field added later is compared too.
+        let mut mine = self.clone();
+        mine.run = other.run;
+        mine == *other
+    }
 }
 
 /// A listener's certificate and key as the config gives them (base64 PEM). `Debug` shows a
@@ -166,6 +181,7 @@ impl Snapshot {
                     cert: listener.cert.as_str().into(),
                     key: listener.key.as_str().into(),
                 },
+                run: generation,
             });
             // Clusters named in routes but missing from the config are skipped, as stunnerd does.
             routes.push(Route {
@@ -191,6 +207,16 @@ impl Snapshot {
             user_quota: u32::try_from(config.admin.user_quota.max(0)).unwrap_or(u32::MAX),
             routes,
             own_ips,
+        }
+    }
+
+    /// Keeps the run of every listener that `previous` (the snapshot this one replaces) had
+    /// unchanged, so that only new and changed listeners start a new run.
+    pub fn carry_listener_runs(&mut self, previous: &Snapshot) {
+        for listener in &mut self.listeners {
+            if let Some(before) = previous.listeners.iter().find(|p| p.same_as(listener)) {
+                listener.run = before.run;
+            }
         }
     }
 

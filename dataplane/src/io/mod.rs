@@ -8,6 +8,7 @@
 pub mod batch;
 mod dtls;
 mod epoll;
+mod groups;
 pub mod metrics;
 pub mod probe;
 mod shard;
@@ -143,6 +144,7 @@ impl Dataplane {
         let placement = shard_placement(shards, &allowed_cpus());
         // One ledger for all shards: a user's quota counts allocations on every shard.
         let ledger = Arc::new(crate::proto::AllocationLedger::new());
+        let groups = Arc::new(groups::ListenerGroups::new(shards));
         for (index, &cpu) in placement.iter().enumerate() {
             match cpu {
                 Some(cpu) => tracing::info!(target: "stunnerd", "shard {index} on CPU {cpu}"),
@@ -167,6 +169,7 @@ impl Dataplane {
                 },
                 stop: stop.clone(),
                 stats: stats.clone(),
+                groups: groups.clone(),
             };
             let name = format!("uturn-shard-{index}");
             let cannot = |e: &dyn std::fmt::Display| {

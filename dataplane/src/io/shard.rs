@@ -66,6 +66,8 @@ pub(super) struct ShardSetup {
     pub engine: EngineConfig,
     pub stop: Arc<AtomicBool>,
     pub stats: Arc<Vec<ShardStats>>,
+    /// Datagram listener sockets, opened for all shards by the first to need them.
+    pub groups: Arc<super::groups::ListenerGroups>,
 }
 
 /// How many of a TURN-UDP listener's `udp_thread_num` sockets shard `index` of `shards` opens.
@@ -1241,16 +1243,29 @@ impl<D: Driver> Shard<D> {
             if count == 0 {
                 continue;
             }
+            let opened = if kind.is_stream() {
+                vec![stream_listener_socket(spec.port)]
+            } else {
+                // Every shard's sockets at once, so the SO_REUSEPORT group is whole before a
+                // client is hashed over it (see `groups`).
+                let Some(opened) = setup.groups.take(
+                    setup.index,
+                    spec,
+                    |shard| listener_sockets_on_shard(setup.udp_thread_num, setup.shards, shard),
+                    || listener_socket(spec.port),
+                ) else {
+                    continue;
+                };
+                opened
+            };
+            if opened.is_empty() {
+                continue;
+            }
             self.next_listener_id += 1;
             let id = ListenerId(self.next_listener_id);
             let mut sockets = Vec::new();
             let mut local_addr = None;
-            for n in 0..count {
-                let socket = if kind.is_stream() {
-                    stream_listener_socket(spec.port)
-                } else {
-                    listener_socket(spec.port)
-                };
+            for (n, socket) in opened.into_iter().enumerate() {
                 let opened = socket.and_then(|socket| {
                     let local = socket.local_addr()?.as_socket();
                     let watched =
@@ -1299,6 +1314,7 @@ impl<D: Driver> Shard<D> {
                 conns: 0,
             });
         }
+        setup.groups.reconciled(setup.index, snap);
     }
 }
 

@@ -637,6 +637,16 @@ fn strict_dns_cluster_admits_resolved_addresses() {
     let _ = std::fs::remove_file(config);
 }
 
+/// `config` with a second TURN-UDP listener, "extra" on `port`, listed first.
+fn with_extra_listener(config: &str, port: u16) -> String {
+    config.replace(
+        "listeners: [",
+        &format!(
+            "listeners: [{{name: extra, address: 127.0.0.1, port: {port}, routes: [media]}}, "
+        ),
+    )
+}
+
 /// A listener added by a reconcile opens on every shard that owns one of its sockets; removing
 /// it closes them and frees its allocations, while the other listener keeps its own.
 #[test]
@@ -644,12 +654,7 @@ fn listeners_open_and_close_live_on_every_shard() {
     let (turn, extra, health) = (free_port(), free_port(), free_port());
     let config = temp_file("listeners.yaml");
     let one = static_config(turn, health, "s3cret", false);
-    let two = one.replace(
-        "listeners: [",
-        &format!(
-            "listeners: [{{name: extra, address: 127.0.0.1, port: {extra}, routes: [media]}}, "
-        ),
-    );
+    let two = with_extra_listener(&one, extra);
     std::fs::write(&config, &one).unwrap();
     let server = Stunnerd::start(
         &[
@@ -707,9 +712,133 @@ fn listeners_open_and_close_live_on_every_shard() {
         .until_for(1.5, &|e| matches!(e, TurnEvent::AllocationCreated(..)))
         .is_none());
     let peer = pod("127.0.0.1");
-    assert!(kept.permit(peer.local_addr().unwrap().ip()));
+    assert!(
+        kept.permit(peer.local_addr().unwrap().ip()),
+        "the kept allocation lost its permission: {:?}\n{}",
+        status(health),
+        server.logs()
+    );
     kept.send(peer.local_addr().unwrap(), b"kept");
     assert_eq!(recv(&peer).as_deref(), Some(&b"kept"[..]));
+    let _ = std::fs::remove_file(config);
+}
+
+/// `clients` threads that allocate on `server` as soon as it answers: each retries at once on
+/// "port unreachable" (a connected UDP socket reports it), so they all allocate within a few
+/// milliseconds of the first socket opening.
+fn allocate_as_it_opens(
+    server: SocketAddr,
+    clients: usize,
+) -> Vec<std::thread::JoinHandle<Option<uturn_perf::client::BenchClient>>> {
+    (0..clients)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while std::time::Instant::now() < deadline {
+                    if let Ok(client) =
+                        uturn_perf::client::BenchClient::allocate(server, "alice", "s3cret")
+                    {
+                        return Some(client);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                None
+            })
+        })
+        .collect()
+}
+
+/// Waits until listener `name` on `port` serves on all `SHARDS` shards, then asserts that every
+/// one of `clients` can still create a permission and send to a peer through its allocation.
+fn all_allocations_kept(
+    server: &Stunnerd,
+    name: &str,
+    port: u16,
+    clients: Vec<std::thread::JoinHandle<Option<uturn_perf::client::BenchClient>>>,
+) {
+    let mut clients: Vec<_> = clients
+        .into_iter()
+        .map(|c| {
+            c.join()
+                .unwrap()
+                .expect("an allocation as the listener opened")
+        })
+        .collect();
+    let opened = |shard: usize| {
+        format!("listener \"{name}\" (TURN-UDP, port {port}, relay address 127.0.0.1) serving on shard {shard}")
+    };
+    assert!(
+        wait_until(10, || {
+            let logs = server.logs();
+            (0..SHARDS).all(|shard| logs.contains(&opened(shard)))
+        }),
+        "{}",
+        server.logs()
+    );
+    let peer = pod("127.0.0.1");
+    let peer_addr = peer.local_addr().unwrap();
+    let refused: Vec<String> = clients
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(n, c)| {
+            c.create_permission(peer_addr)
+                .err()
+                .map(|e| format!("client {n}: {e}"))
+        })
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "listener {name:?}: {} of {} allocations were lost when the other shards opened: {refused:?}",
+        refused.len(),
+        clients.len()
+    );
+    let mut sent: Vec<Vec<u8>> = Vec::new();
+    for (n, c) in clients.iter().enumerate() {
+        let data = format!("{name} client {n}").into_bytes();
+        c.socket.send(&c.send_indication(peer_addr, &data)).unwrap();
+        sent.push(data);
+    }
+    let mut heard: Vec<Vec<u8>> = (0..clients.len()).filter_map(|_| recv(&peer)).collect();
+    heard.sort();
+    sent.sort();
+    assert_eq!(heard, sent, "listener {name:?}");
+}
+
+/// Shards (and SO_REUSEPORT sockets) of the stunnerd in
+/// `allocations_made_while_a_listener_opens_survive_the_other_shards_opening`.
+const SHARDS: usize = 4;
+
+/// Clients that allocate in the first moments of a TURN-UDP listener, at startup or added by a
+/// reconcile, keep their allocations once every shard serves it. Each shard reads its own
+/// SO_REUSEPORT socket and the kernel hashes a client over the sockets bound at that moment,
+/// so a shard opening its socket a tick after another used to move many of those clients to
+/// a shard that never saw them: 437 to their CreatePermission, their media dropped.
+#[test]
+fn allocations_made_while_a_listener_opens_survive_the_other_shards_opening() {
+    const CLIENTS: usize = 16;
+    let (turn, extra, health) = (free_port(), free_port(), free_port());
+    let config = temp_file("opening.yaml");
+    let one = static_config(turn, health, "s3cret", false);
+    let two = with_extra_listener(&one, extra);
+    std::fs::write(&config, &one).unwrap();
+    let at_start = allocate_as_it_opens(format!("127.0.0.1:{turn}").parse().unwrap(), CLIENTS);
+    let shards = SHARDS.to_string();
+    let server = Stunnerd::start(
+        &[
+            "-w",
+            "-u",
+            &shards,
+            "-c",
+            &format!("file://{}", config.display()),
+        ],
+        &[("UTURN_SHARDS", &shards)],
+    );
+    all_allocations_kept(&server, "udp", turn, at_start);
+    let added = allocate_as_it_opens(format!("127.0.0.1:{extra}").parse().unwrap(), CLIENTS);
+    std::fs::write(&config, &two).unwrap();
+    all_allocations_kept(&server, "extra", extra, added);
+    assert!(wait_until(5, || status(health)
+        .is_some_and(|s| s["allocationCount"] == 2 * CLIENTS)));
     let _ = std::fs::remove_file(config);
 }
 

@@ -7,15 +7,7 @@ use std::io::Read;
 use std::net::UdpSocket;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use support::metric;
-
-fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use support::{free_port, metric};
 
 /// A process killed (by PID) when dropped.
 struct Proc(Child);
@@ -128,8 +120,8 @@ struct Setup {
 }
 
 fn setup(auth: &str) -> Setup {
-    let port = free_udp_port();
-    let peer_port = free_udp_port();
+    let port = free_port();
+    let peer_port = free_port();
     let config = config_file(auth, port, "127.0.0.1");
     let server = stunnerd(&["-c", &config.origin()], "2");
     let peer = turnutils_peer(peer_port);
@@ -188,7 +180,7 @@ fn uclient_ephemeral_credentials() {
 
 #[test]
 fn uclient_client_to_client() {
-    let port = free_udp_port();
+    let port = free_port();
     let config = config_file(STATIC, port, "127.0.0.1");
     let _server = stunnerd(&["-c", &config.origin()], "2");
     let port = port.to_string();
@@ -239,8 +231,8 @@ fn turnutils_peer_on(ip: &str, port: u16) -> Proc {
 
 #[test]
 fn turn_uri_mode_relays() {
-    let port = free_udp_port();
-    let peer_port = free_udp_port();
+    let port = free_port();
+    let peer_port = free_port();
     let uri = format!("turn://user1:pass1@127.0.0.1:{port}?transport=udp");
     let server = stunnerd(&[&uri], "1");
     let host = host_ip();
@@ -280,7 +272,7 @@ fn turn_uri_mode_relays() {
 
 #[test]
 fn wrong_password_is_refused_and_allocates_nothing() {
-    let port = free_udp_port();
+    let port = free_port();
     let config = config_file(STATIC, port, "127.0.0.1");
     let server = stunnerd(&["-l", "all:DEBUG", "-c", &config.origin()], "1");
     let port = port.to_string();
@@ -308,8 +300,8 @@ fn wrong_password_is_refused_and_allocates_nothing() {
 
 #[test]
 fn peer_outside_routed_clusters_gets_403_and_nothing_relayed() {
-    let port = free_udp_port();
-    let peer_port = free_udp_port();
+    let port = free_port();
+    let peer_port = free_port();
     // Only 127.0.0.1 is routed; the peer listens on 127.0.0.2.
     let config = config_file(STATIC, port, "127.0.0.1");
     let _server = stunnerd(&["-c", &config.origin()], "1");
@@ -371,8 +363,8 @@ fn malformed_datagrams_leave_the_server_serving() {
 
 #[test]
 fn udp_thread_num_spreads_64_clients_over_two_shards() {
-    let port = free_udp_port();
-    let peer_port = free_udp_port();
+    let port = free_port();
+    let peer_port = free_port();
     let config = config_file(STATIC, port, "127.0.0.1");
     let server = stunnerd(&["-l", "all:DEBUG", "-u", "4", "-c", &config.origin()], "2");
     let _peer = turnutils_peer(peer_port);
@@ -418,7 +410,7 @@ fn udp_thread_num_spreads_64_clients_over_two_shards() {
 
 fn free_stream_port() -> u16 {
     loop {
-        let port = free_udp_port();
+        let port = free_port();
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
@@ -451,7 +443,7 @@ struct Streams {
 
 fn streams_setup(shards: &str) -> Streams {
     let (cert, key) = test_certificate();
-    let (tcp, secure, peer_port) = (free_stream_port(), free_stream_port(), free_udp_port());
+    let (tcp, secure, peer_port) = (free_stream_port(), free_stream_port(), free_port());
     let text = format!(
         "version: v1\nadmin: {{healthcheck_endpoint: \"\"}}\nauth: {STATIC}\nlisteners:\n\
          - {{name: tcp, protocol: TURN-TCP, address: 127.0.0.1, port: {tcp}, routes: [media]}}\n\
@@ -583,7 +575,7 @@ fn tls_and_dtls_listeners_without_a_certificate_are_config_errors_naming_them() 
 
 #[test]
 fn turns_uri_listeners_get_a_self_signed_certificate() {
-    let peer_port = free_udp_port();
+    let peer_port = free_port();
     let host = host_ip();
     let _peer = turnutils_peer_on(&host, peer_port);
     let peer_port = peer_port.to_string();
@@ -647,7 +639,7 @@ fn tcp_allocation(
 
 #[test]
 fn a_client_that_stops_reading_cannot_hold_the_shard() {
-    let (tcp, peer_port, metrics) = (free_stream_port(), free_udp_port(), free_stream_port());
+    let (tcp, peer_port, metrics) = (free_stream_port(), free_port(), free_stream_port());
     let text = format!(
         "version: v1\nadmin: {{healthcheck_endpoint: \"\", metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
          auth: {STATIC}\nlisteners:\n\

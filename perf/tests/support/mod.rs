@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -31,17 +31,9 @@ impl Drop for Killed {
     }
 }
 
-/// A loopback port that is free for both UDP and TCP right now.
-pub fn free_port() -> u16 {
-    for _ in 0..100 {
-        let udp = UdpSocket::bind("127.0.0.1:0").expect("bind a UDP port on loopback");
-        let port = udp.local_addr().unwrap().port();
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no loopback port free for both UDP and TCP in 100 tries");
-}
+/// A port free for UDP and TCP that no other test in this process gets (see
+/// `uturn_perf::ports`: two stunnerds sharing a port by chance split one client's packets).
+pub use uturn_perf::ports::free_port;
 
 /// Waits until something accepts TCP connections on `addr`.
 pub fn wait_for_tcp(addr: SocketAddr, timeout: Duration) -> Result<(), String> {

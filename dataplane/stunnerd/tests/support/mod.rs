@@ -14,16 +14,9 @@ use turn_client_proto::udp::TurnClientUdp;
 use turn_types::stun::TransportType;
 use turn_types::{Instant, TurnCredentials};
 
-/// A free port on 127.0.0.1 (UDP and TCP are probed together).
-pub fn free_port() -> u16 {
-    loop {
-        let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let port = udp.local_addr().unwrap().port();
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
+/// A port free for UDP and TCP that no other test in this process gets (see
+/// `uturn_perf::ports`: two stunnerds sharing a port by chance split one client's packets).
+pub use uturn_perf::ports::free_port;
 
 /// A fresh path in the temp dir for a test's file called `name`.
 pub fn temp_file(name: &str) -> std::path::PathBuf {

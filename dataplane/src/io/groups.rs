@@ -1,0 +1,222 @@
+//! Datagram listener sockets are opened for all shards at once.
+//!
+//! The shards of a TURN-UDP or TURN-DTLS listener share its port through SO_REUSEPORT: the
+//! kernel hashes each client's address and port over the sockets bound to that port. The
+//! hash spreads clients over however many sockets the group holds *at that moment*, so a
+//! socket joining the group moves some clients to another socket. If a shard opened its
+//! socket a tick after another shard did, a client that allocated in between would have its
+//! next requests and data arrive at a shard that does not hold its allocation: 437 to every
+//! Refresh and CreatePermission, and its media dropped.
+//!
+//! So the first shard to reach a new listener run opens the sockets of every shard, and
+//! [`ListenerGroups`] holds the others' until their shards pick them up. Packets that arrive
+//! meanwhile wait in those sockets' receive queues. This is control-path code: a lock, taken
+//! when a shard reconciles a new snapshot, never per packet.
+
+use socket2::Socket;
+use std::collections::HashMap;
+use std::io;
+use std::sync::Mutex;
+use uturn_shared::snapshot::{ListenerSpec, Snapshot};
+
+/// One listener run, `(name, run)`.
+type RunKey = (String, u64);
+
+enum Group {
+    /// Opened; each shard's sockets until it takes them.
+    Open(Vec<Vec<io::Result<Socket>>>),
+    /// Gone from the snapshot of this generation: never opened again. Forgotten once every
+    /// shard has reconciled a snapshot at least that new.
+    Retired(u64),
+}
+
+/// The datagram listener sockets of every shard, by listener run.
+pub(crate) struct ListenerGroups {
+    shards: usize,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    groups: HashMap<RunKey, Group>,
+    /// The generation each shard last reconciled.
+    reconciled: Vec<u64>,
+}
+
+impl ListenerGroups {
+    /// Groups for `shards` shards.
+    pub fn new(shards: usize) -> ListenerGroups {
+        ListenerGroups {
+            shards,
+            inner: Mutex::new(Inner {
+                groups: HashMap::new(),
+                reconciled: vec![0; shards],
+            }),
+        }
+    }
+
+    /// Shard `index`'s sockets for the datagram listener `spec`. The first shard to ask for a
+    /// run opens the sockets of every shard, `per_shard(shard)` of them each, with `open`.
+    /// `None` when the run is over (a newer snapshot removed or changed the listener): the
+    /// shard asked with an old snapshot and will reconcile a newer one.
+    pub fn take(
+        &self,
+        index: usize,
+        spec: &ListenerSpec,
+        per_shard: impl Fn(usize) -> usize,
+        open: impl Fn() -> io::Result<Socket>,
+    ) -> Option<Vec<io::Result<Socket>>> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let group = inner
+            .groups
+            .entry((spec.name.clone(), spec.run))
+            .or_insert_with(|| {
+                Group::Open(
+                    (0..self.shards)
+                        .map(|shard| (0..per_shard(shard)).map(|_| open()).collect())
+                        .collect(),
+                )
+            });
+        match group {
+            Group::Open(sockets) => Some(std::mem::take(sockets.get_mut(index)?)),
+            Group::Retired(_) => None,
+        }
+    }
+
+    /// Shard `index` has reconciled `snap`: runs absent from it are retired (their sockets not
+    /// yet taken are closed), and retired runs every shard has moved past are forgotten.
+    pub fn reconciled(&self, index: usize, snap: &Snapshot) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(seen) = inner.reconciled.get_mut(index) {
+            *seen = (*seen).max(snap.generation);
+        }
+        let oldest = inner.reconciled.iter().copied().min().unwrap_or(0);
+        inner.groups.retain(|_, group| match group {
+            Group::Retired(at) => *at > oldest,
+            Group::Open(_) => true,
+        });
+        for ((name, run), group) in inner.groups.iter_mut() {
+            // A run started after this snapshot is not yet in it, not over.
+            let current = *run > snap.generation
+                || snap
+                    .listeners
+                    .iter()
+                    .any(|l| l.run == *run && l.name == *name);
+            if !current && matches!(group, Group::Open(_)) {
+                *group = Group::Retired(snap.generation);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::socket::listener_socket;
+    use std::net::UdpSocket;
+    use uturn_shared::config::parse_config;
+
+    fn snapshot(generation: u64, port: Option<u16>) -> Snapshot {
+        let listeners = match port {
+            Some(port) => format!(
+                "[{{name: udp, protocol: TURN-UDP, address: 127.0.0.1, port: {port}, routes: [c]}}]"
+            ),
+            None => "[]".into(),
+        };
+        let yaml = format!(
+            "version: v1\nadmin: {{name: t}}\nauth: {{type: static, credentials: {{username: u, password: p}}}}\n\
+             listeners: {listeners}\nclusters: [{{name: c, type: STATIC, endpoints: [127.0.0.1]}}]\n"
+        );
+        Snapshot::from_config(&parse_config(&yaml).unwrap(), generation, &|_| Vec::new())
+    }
+
+    /// A port no socket is bound to (the kernel's pick, let go).
+    fn free_udp_port() -> u16 {
+        let socket = listener_socket(0).unwrap();
+        socket.local_addr().unwrap().as_socket().unwrap().port()
+    }
+
+    /// Whether a socket is bound to `port`, as a bind without SO_REUSEPORT sees it.
+    fn bound(port: u16) -> bool {
+        UdpSocket::bind(("0.0.0.0", port)).is_err()
+    }
+
+    #[test]
+    fn the_first_shard_opens_the_sockets_of_every_shard() {
+        let port = free_udp_port();
+        let snap = snapshot(1, Some(port));
+        let spec = &snap.listeners[0];
+        let groups = ListenerGroups::new(3);
+        let opened = std::cell::Cell::new(0);
+        let open = || {
+            opened.set(opened.get() + 1);
+            listener_socket(port)
+        };
+        // Shards 0 and 1 get two sockets each, shard 2 one (--udp-thread-num 5 over 3).
+        let per_shard = |shard: usize| if shard < 2 { 2 } else { 1 };
+        let first = groups.take(1, spec, per_shard, open).unwrap();
+        assert_eq!(opened.get(), 5, "the whole group opens at once");
+        assert_eq!(first.len(), 2);
+        assert!(first.iter().all(|s| s.is_ok()));
+        let last = groups.take(2, spec, per_shard, open).unwrap();
+        assert_eq!(last.len(), 1);
+        assert_eq!(opened.get(), 5, "no shard opens a second group");
+        let zero = groups.take(0, spec, per_shard, open).unwrap();
+        assert_eq!(zero.len(), 2);
+        drop((first, last, zero));
+        assert!(!bound(port));
+    }
+
+    #[test]
+    fn a_removed_run_is_never_reopened_and_untaken_sockets_close() {
+        let port = free_udp_port();
+        let with = snapshot(1, Some(port));
+        let spec = with.listeners[0].clone();
+        let groups = ListenerGroups::new(2);
+        let mine = groups
+            .take(0, &spec, |_| 1, || listener_socket(port))
+            .unwrap();
+        assert_eq!(mine.len(), 1);
+        // Shard 0 reconciles generation 2, where the listener is gone, and closes its socket.
+        drop(mine);
+        groups.reconciled(0, &snapshot(2, None));
+        assert!(!bound(port), "shard 1's socket, never taken, is closed");
+        // Shard 1, still on generation 1, must not open the run again.
+        assert!(groups
+            .take(1, &spec, |_| 1, || listener_socket(port))
+            .is_none());
+        assert!(!bound(port));
+        // Added back in generation 3: a new run, a new group.
+        let mut back = snapshot(3, Some(port));
+        back.carry_listener_runs(&snapshot(2, None));
+        assert_eq!(back.listeners[0].run, 3);
+        let again = groups.take(1, &back.listeners[0], |_| 1, || listener_socket(port));
+        assert_eq!(again.unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_old_snapshot_does_not_retire_a_newer_run() {
+        let port = free_udp_port();
+        let newer = snapshot(5, Some(port));
+        let groups = ListenerGroups::new(2);
+        let mine = groups
+            .take(0, &newer.listeners[0], |_| 1, || listener_socket(port))
+            .unwrap();
+        // Shard 1 reconciles generation 4, which predates the listener.
+        groups.reconciled(1, &snapshot(4, None));
+        let theirs = groups
+            .take(1, &newer.listeners[0], |_| 1, || listener_socket(port))
+            .unwrap();
+        assert_eq!((mine.len(), theirs.len()), (1, 1));
+    }
+
+    #[test]
+    fn an_unchanged_listener_keeps_its_run() {
+        let port = free_udp_port();
+        let mut next = snapshot(7, Some(port));
+        next.carry_listener_runs(&snapshot(6, Some(port)));
+        assert_eq!(next.listeners[0].run, 6);
+        let mut moved = snapshot(8, Some(port + 1));
+        moved.carry_listener_runs(&next);
+        assert_eq!(moved.listeners[0].run, 8);
+    }
+}
