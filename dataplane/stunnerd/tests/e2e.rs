@@ -583,6 +583,7 @@ fn turns_uri_listeners_get_a_self_signed_certificate() {
         let port = free_stream_port();
         let uri = format!("turns://user1:pass1@127.0.0.1:{port}?transport={transport}");
         let _server = stunnerd(&[&uri], "1");
+        eprintln!("uclient through {uri}");
         relay_to(
             TLS_SECS,
             &port.to_string(),
