@@ -7,7 +7,9 @@
 //! SO_REUSEPORT then share it silently and the kernel spreads one client's packets over both.
 //! The ports here come from below the ephemeral range instead, in a sequence that starts at
 //! an offset drawn from the process id, and each one is probed free for UDP and TCP on the
-//! wildcard address before it is handed out.
+//! wildcard address before it is handed out. They are even, and the odd port above each is
+//! free too and never handed out: coturn's `turnutils_peer -p P` also binds P+1, and a test's
+//! stunnerd given that port would share it with the peer, which echoes what it receives.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -34,10 +36,11 @@ fn is_free(port: u16) -> bool {
     udp.is_ok() && tcp.is_ok()
 }
 
-/// A port free for UDP and TCP, never handed out before by this process.
+/// An even port free for UDP and TCP, with the port above it free too, never handed out
+/// before by this process.
 ///
 /// # Panics
-/// If every port between 10000 and the start of the ephemeral range is taken.
+/// If every such pair between 10000 and the start of the ephemeral range is taken.
 pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let end = ephemeral_start();
@@ -45,16 +48,16 @@ pub fn free_port() -> u16 {
         // An unusual host whose ephemeral range covers the low ports: fall back to the kernel.
         return kernel_port();
     }
-    let span = u32::from(end - FIRST);
-    let offset = std::process::id().wrapping_mul(2_654_435_761) % span;
-    for _ in 0..span {
+    let pairs = u32::from(end - FIRST) / 2;
+    let offset = std::process::id().wrapping_mul(2_654_435_761) % pairs;
+    for _ in 0..pairs {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = FIRST + ((offset + n) % span) as u16;
-        if is_free(port) {
+        let port = FIRST + 2 * ((offset + n) % pairs) as u16;
+        if is_free(port) && is_free(port + 1) {
             return port;
         }
     }
-    panic!("no port free for UDP and TCP between {FIRST} and {end}");
+    panic!("no pair of ports free for UDP and TCP between {FIRST} and {end}");
 }
 
 /// A port the kernel picked for UDP that is also free for TCP.
@@ -89,7 +92,8 @@ mod tests {
                 (FIRST..end).contains(&port),
                 "{port} is outside {FIRST}..{end}"
             );
-            assert!(is_free(port));
+            assert_eq!(port % 2, 0, "{port} is odd");
+            assert!(is_free(port) && is_free(port + 1));
         }
     }
 

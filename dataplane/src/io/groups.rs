@@ -10,8 +10,11 @@
 //!
 //! So the first shard to reach a new listener run opens the sockets of every shard, and
 //! [`ListenerGroups`] holds the others' until their shards pick them up. Packets that arrive
-//! meanwhile wait in those sockets' receive queues. This is control-path code: a lock, taken
-//! when a shard reconciles a new snapshot, never per packet.
+//! meanwhile wait in those sockets' receive queues. A listener that restarts on the same port
+//! (a new realm, certificate or relay address) opens its new sockets only once every shard has
+//! closed the old ones, for the same reason: an old socket leaving the group would move the
+//! clients of the new one. This is control-path code: a lock, taken when a shard reconciles a
+//! new snapshot, never per packet.
 
 use socket2::Socket;
 use std::collections::HashMap;
@@ -22,12 +25,30 @@ use uturn_shared::snapshot::{ListenerSpec, Snapshot};
 /// One listener run, `(name, run)`.
 type RunKey = (String, u64);
 
-enum Group {
+struct Group {
+    port: u16,
+    /// Which shards hold sockets of this run (taken and not yet closed).
+    held: Vec<bool>,
+    state: State,
+}
+
+enum State {
     /// Opened; each shard's sockets until it takes them.
     Open(Vec<Vec<io::Result<Socket>>>),
     /// Gone from the snapshot of this generation: never opened again. Forgotten once every
-    /// shard has reconciled a snapshot at least that new.
+    /// shard has reconciled a snapshot at least that new (and so closed its sockets).
     Retired(u64),
+}
+
+/// What a shard gets for a datagram listener run.
+pub(crate) enum Take {
+    /// Its sockets (none if it has no share of `--udp-thread-num`).
+    Sockets(Vec<io::Result<Socket>>),
+    /// An older run on the same port still has sockets on some shard: ask again next tick.
+    Wait,
+    /// The run is over (a newer snapshot removed or changed the listener): the shard asked
+    /// with an old snapshot and will reconcile a newer one.
+    Over,
 }
 
 /// The datagram listener sockets of every shard, by listener run.
@@ -56,44 +77,71 @@ impl ListenerGroups {
 
     /// Shard `index`'s sockets for the datagram listener `spec`. The first shard to ask for a
     /// run opens the sockets of every shard, `per_shard(shard)` of them each, with `open`.
-    /// `None` when the run is over (a newer snapshot removed or changed the listener): the
-    /// shard asked with an old snapshot and will reconcile a newer one.
     pub fn take(
         &self,
         index: usize,
         spec: &ListenerSpec,
         per_shard: impl Fn(usize) -> usize,
         open: impl Fn() -> io::Result<Socket>,
-    ) -> Option<Vec<io::Result<Socket>>> {
+    ) -> Take {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let group = inner
-            .groups
-            .entry((spec.name.clone(), spec.run))
-            .or_insert_with(|| {
-                Group::Open(
-                    (0..self.shards)
-                        .map(|shard| (0..per_shard(shard)).map(|_| open()).collect())
-                        .collect(),
-                )
+        let key = (spec.name.clone(), spec.run);
+        if !inner.groups.contains_key(&key) {
+            let draining = inner.groups.iter().any(|(other, group)| {
+                *other != key
+                    && group.port == spec.port
+                    && matches!(group.state, State::Retired(_))
+                    && group.held.iter().any(|&h| h)
             });
-        match group {
-            Group::Open(sockets) => Some(std::mem::take(sockets.get_mut(index)?)),
-            Group::Retired(_) => None,
+            if draining {
+                return Take::Wait;
+            }
+            let sockets = (0..self.shards)
+                .map(|shard| (0..per_shard(shard)).map(|_| open()).collect())
+                .collect();
+            inner.groups.insert(
+                key.clone(),
+                Group {
+                    port: spec.port,
+                    held: vec![false; self.shards],
+                    state: State::Open(sockets),
+                },
+            );
+        }
+        let Some(group) = inner.groups.get_mut(&key) else {
+            return Take::Over;
+        };
+        let State::Open(sockets) = &mut group.state else {
+            return Take::Over;
+        };
+        let Some(mine) = sockets.get_mut(index).map(std::mem::take) else {
+            return Take::Over;
+        };
+        if let Some(held) = group.held.get_mut(index) {
+            *held = mine.iter().any(|s| s.is_ok());
+        }
+        Take::Sockets(mine)
+    }
+
+    /// Shard `index` closed its sockets of the datagram listener `spec`.
+    pub fn released(&self, index: usize, spec: &ListenerSpec) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = inner
+            .groups
+            .get_mut(&(spec.name.clone(), spec.run))
+            .and_then(|g| g.held.get_mut(index))
+        {
+            *held = false;
         }
     }
 
-    /// Shard `index` has reconciled `snap`: runs absent from it are retired (their sockets not
-    /// yet taken are closed), and retired runs every shard has moved past are forgotten.
-    pub fn reconciled(&self, index: usize, snap: &Snapshot) {
+    /// Shard `index` is reconciling `snap`: runs absent from it are retired (their sockets
+    /// not yet taken are closed), and retired runs every shard has moved past are forgotten.
+    pub fn reconciling(&self, index: usize, snap: &Snapshot) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(seen) = inner.reconciled.get_mut(index) {
             *seen = (*seen).max(snap.generation);
         }
-        let oldest = inner.reconciled.iter().copied().min().unwrap_or(0);
-        inner.groups.retain(|_, group| match group {
-            Group::Retired(at) => *at > oldest,
-            Group::Open(_) => true,
-        });
         for ((name, run), group) in inner.groups.iter_mut() {
             // A run started after this snapshot is not yet in it, not over.
             let current = *run > snap.generation
@@ -101,10 +149,16 @@ impl ListenerGroups {
                     .listeners
                     .iter()
                     .any(|l| l.run == *run && l.name == *name);
-            if !current && matches!(group, Group::Open(_)) {
-                *group = Group::Retired(snap.generation);
+            if !current && matches!(group.state, State::Open(_)) {
+                group.state = State::Retired(snap.generation);
             }
         }
+        // The oldest snapshot any shard still runs (a shard that has reconciled none holds 0).
+        let oldest = inner.reconciled.iter().copied().min().unwrap_or(0);
+        inner.groups.retain(|_, group| match group.state {
+            State::Retired(at) => at > oldest || group.held.iter().any(|&h| h),
+            State::Open(_) => true,
+        });
     }
 }
 
@@ -140,6 +194,15 @@ mod tests {
         UdpSocket::bind(("0.0.0.0", port)).is_err()
     }
 
+    /// The sockets of a `Take::Sockets`; panics on anything else.
+    fn sockets(take: Take) -> Vec<io::Result<Socket>> {
+        match take {
+            Take::Sockets(sockets) => sockets,
+            Take::Wait => panic!("told to wait"),
+            Take::Over => panic!("told the run is over"),
+        }
+    }
+
     #[test]
     fn the_first_shard_opens_the_sockets_of_every_shard() {
         let port = free_udp_port();
@@ -153,14 +216,14 @@ mod tests {
         };
         // Shards 0 and 1 get two sockets each, shard 2 one (--udp-thread-num 5 over 3).
         let per_shard = |shard: usize| if shard < 2 { 2 } else { 1 };
-        let first = groups.take(1, spec, per_shard, open).unwrap();
+        let first = sockets(groups.take(1, spec, per_shard, open));
         assert_eq!(opened.get(), 5, "the whole group opens at once");
         assert_eq!(first.len(), 2);
         assert!(first.iter().all(|s| s.is_ok()));
-        let last = groups.take(2, spec, per_shard, open).unwrap();
+        let last = sockets(groups.take(2, spec, per_shard, open));
         assert_eq!(last.len(), 1);
         assert_eq!(opened.get(), 5, "no shard opens a second group");
-        let zero = groups.take(0, spec, per_shard, open).unwrap();
+        let zero = sockets(groups.take(0, spec, per_shard, open));
         assert_eq!(zero.len(), 2);
         drop((first, last, zero));
         assert!(!bound(port));
@@ -172,25 +235,73 @@ mod tests {
         let with = snapshot(1, Some(port));
         let spec = with.listeners[0].clone();
         let groups = ListenerGroups::new(2);
-        let mine = groups
-            .take(0, &spec, |_| 1, || listener_socket(port))
-            .unwrap();
+        let mine = sockets(groups.take(0, &spec, |_| 1, || listener_socket(port)));
         assert_eq!(mine.len(), 1);
         // Shard 0 reconciles generation 2, where the listener is gone, and closes its socket.
+        groups.reconciling(0, &snapshot(2, None));
         drop(mine);
-        groups.reconciled(0, &snapshot(2, None));
+        groups.released(0, &spec);
         assert!(!bound(port), "shard 1's socket, never taken, is closed");
         // Shard 1, still on generation 1, must not open the run again.
-        assert!(groups
-            .take(1, &spec, |_| 1, || listener_socket(port))
-            .is_none());
+        assert!(matches!(
+            groups.take(1, &spec, |_| 1, || listener_socket(port)),
+            Take::Over
+        ));
         assert!(!bound(port));
         // Added back in generation 3: a new run, a new group.
         let mut back = snapshot(3, Some(port));
         back.carry_listener_runs(&snapshot(2, None));
         assert_eq!(back.listeners[0].run, 3);
-        let again = groups.take(1, &back.listeners[0], |_| 1, || listener_socket(port));
-        assert_eq!(again.unwrap().len(), 1);
+        groups.reconciling(1, &back);
+        let again = sockets(groups.take(1, &back.listeners[0], |_| 1, || listener_socket(port)));
+        assert_eq!(again.len(), 1);
+    }
+
+    #[test]
+    fn a_restarted_listener_opens_once_every_shard_closed_the_old_run() {
+        let port = free_udp_port();
+        let old = snapshot(1, Some(port));
+        let groups = ListenerGroups::new(2);
+        let open = || listener_socket(port);
+        let mut held: Vec<_> = (0..2)
+            .map(|shard| sockets(groups.take(shard, &old.listeners[0], |_| 1, open)))
+            .collect();
+        // Generation 2 restarts the listener on the same port (say, a new realm).
+        let mut new = snapshot(2, Some(port));
+        new.listeners[0].realm = "other".into();
+        new.carry_listener_runs(&old);
+        assert_eq!(new.listeners[0].run, 2);
+        // Shard 0 closes its old socket; shard 1 still serves the old run.
+        groups.reconciling(0, &new);
+        held[0].clear();
+        groups.released(0, &old.listeners[0]);
+        assert!(matches!(
+            groups.take(0, &new.listeners[0], |_| 1, open),
+            Take::Wait
+        ));
+        // Shard 1 closes its old socket and opens the new run for both.
+        groups.reconciling(1, &new);
+        held[1].clear();
+        groups.released(1, &old.listeners[0]);
+        assert!(!bound(port), "no socket of either run is open");
+        let one = sockets(groups.take(1, &new.listeners[0], |_| 1, open));
+        let zero = sockets(groups.take(0, &new.listeners[0], |_| 1, open));
+        assert_eq!((zero.len(), one.len()), (1, 1));
+        assert!(zero.iter().chain(&one).all(|s| s.is_ok()));
+    }
+
+    #[test]
+    fn a_listener_sharing_a_port_with_a_running_one_does_not_wait() {
+        // Two listeners in one config on the same port (UDP and DTLS, say) both open.
+        let port = free_udp_port();
+        let first = snapshot(1, Some(port));
+        let mut second = first.listeners[0].clone();
+        second.name = "other".into();
+        let groups = ListenerGroups::new(1);
+        groups.reconciling(0, &first);
+        let a = sockets(groups.take(0, &first.listeners[0], |_| 1, || listener_socket(port)));
+        let b = sockets(groups.take(0, &second, |_| 1, || listener_socket(port)));
+        assert_eq!((a.len(), b.len()), (1, 1));
     }
 
     #[test]
@@ -198,14 +309,10 @@ mod tests {
         let port = free_udp_port();
         let newer = snapshot(5, Some(port));
         let groups = ListenerGroups::new(2);
-        let mine = groups
-            .take(0, &newer.listeners[0], |_| 1, || listener_socket(port))
-            .unwrap();
+        let mine = sockets(groups.take(0, &newer.listeners[0], |_| 1, || listener_socket(port)));
         // Shard 1 reconciles generation 4, which predates the listener.
-        groups.reconciled(1, &snapshot(4, None));
-        let theirs = groups
-            .take(1, &newer.listeners[0], |_| 1, || listener_socket(port))
-            .unwrap();
+        groups.reconciling(1, &snapshot(4, None));
+        let theirs = sockets(groups.take(1, &newer.listeners[0], |_| 1, || listener_socket(port)));
         assert_eq!((mine.len(), theirs.len()), (1, 1));
     }
 

@@ -13,6 +13,7 @@
 
 use super::batch::{Datagram, RecvBatch, SendQueue, BATCH};
 use super::dtls;
+use super::groups::Take;
 use super::metrics::{Named, ShardReport};
 use super::socket::{
     canonical, for_socket, listener_socket, prepare_stream, relay_socket, stream_listener_socket,
@@ -288,6 +289,10 @@ pub(super) struct Shard<D: Driver> {
     index: usize,
     engine: Engine,
     cache: Cache<Arc<ArcSwap<Snapshot>>, Arc<Snapshot>>,
+    /// The snapshot the shard serves under: the one its listeners were last reconciled to,
+    /// picked up on a tick. Serving a newer one early would, for one, let a listener about to
+    /// restart accept what only its next run should (say, the credentials of a new realm).
+    snap: Arc<Snapshot>,
     generation: Option<u64>,
     listeners: Vec<RunningListener<D::Watch>>,
     relays: Vec<Option<RelaySlot<D::Watch>>>,
@@ -328,6 +333,7 @@ impl<D: Driver> Shard<D> {
             index: setup.index,
             engine: Engine::new(setup.engine.clone()),
             cache: Cache::new(setup.snapshot.clone()),
+            snap: setup.snapshot.load_full(),
             generation: None,
             listeners: Vec::new(),
             relays: Vec::new(),
@@ -356,8 +362,11 @@ impl<D: Driver> Shard<D> {
         let now = Instant::now();
         let snap = self.cache.load().clone();
         if self.generation != Some(snap.generation) {
-            self.generation = Some(snap.generation);
-            self.reconcile_listeners(&snap, setup);
+            // A listener that must wait for another run's sockets to close is tried again on
+            // the next tick.
+            let complete = self.reconcile_listeners(&snap, setup);
+            self.generation = complete.then_some(snap.generation);
+            self.snap = snap;
         }
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.engine.handle_timeout(now);
@@ -948,7 +957,7 @@ impl<D: Driver> Shard<D> {
     ) -> Option<usize> {
         let Shard {
             engine,
-            cache,
+            snap,
             listeners,
             relays,
             counters,
@@ -959,7 +968,7 @@ impl<D: Driver> Shard<D> {
             resource_log,
             ..
         } = self;
-        let snap: &Snapshot = cache.load();
+        let snap: &Snapshot = snap;
         let listener = listeners.iter().find(|l| l.id == id)?;
         let action = engine.handle_client(
             now,
@@ -1038,7 +1047,7 @@ impl<D: Driver> Shard<D> {
     fn peer_datagram(&mut self, now: Instant, relay: RelayId, datagram: Datagram<'_>) {
         let Shard {
             engine,
-            cache,
+            snap,
             listeners,
             counters,
             out,
@@ -1055,7 +1064,7 @@ impl<D: Driver> Shard<D> {
             counters.unparsed += 1;
             return;
         }
-        let snap: &Snapshot = cache.load();
+        let snap: &Snapshot = snap;
         let buf = &mut datagram.buf[..PEER_HEADROOM + datagram.len];
         let PeerAction::ToClient {
             listener,
@@ -1179,7 +1188,11 @@ impl<D: Driver> Shard<D> {
 
     /// Opens listeners the snapshot adds and closes those it removes (or changes in a way
     /// that needs a restart); unchanged listeners and their allocations are left alone.
-    fn reconcile_listeners(&mut self, snap: &Snapshot, setup: &ShardSetup) {
+    /// `false` if a listener could not open yet (an older run's sockets on its port are still
+    /// open on another shard).
+    fn reconcile_listeners(&mut self, snap: &Snapshot, setup: &ShardSetup) -> bool {
+        setup.groups.reconciling(setup.index, snap);
+        let mut complete = true;
         let desired: Vec<&ListenerSpec> = snap
             .listeners
             .iter()
@@ -1193,13 +1206,13 @@ impl<D: Driver> Shard<D> {
                 )
             })
             .collect();
-        let removed: Vec<(ListenerId, String)> = self
+        let removed: Vec<(ListenerId, ListenerSpec, bool)> = self
             .listeners
             .iter()
             .filter(|running| !desired.iter().any(|d| **d == running.spec))
-            .map(|running| (running.id, running.spec.name.clone()))
+            .map(|running| (running.id, running.spec.clone(), running.kind.is_stream()))
             .collect();
-        for (id, name) in removed {
+        for (id, spec, stream) in removed {
             let conns: Vec<u32> = self
                 .conns
                 .iter()
@@ -1213,7 +1226,15 @@ impl<D: Driver> Shard<D> {
             self.engine.close_listener(id);
             self.close_relays();
             self.listeners.retain(|l| l.id != id);
-            tracing::info!(target: "stunner", "listener {name:?} closed on shard {}", self.index);
+            if !stream {
+                setup.groups.released(setup.index, &spec);
+            }
+            tracing::info!(
+                target: "stunner",
+                "listener {:?} closed on shard {}",
+                spec.name,
+                self.index
+            );
         }
         let datagram_sockets =
             listener_sockets_on_shard(setup.udp_thread_num, setup.shards, setup.index);
@@ -1248,15 +1269,19 @@ impl<D: Driver> Shard<D> {
             } else {
                 // Every shard's sockets at once, so the SO_REUSEPORT group is whole before a
                 // client is hashed over it (see `groups`).
-                let Some(opened) = setup.groups.take(
+                match setup.groups.take(
                     setup.index,
                     spec,
                     |shard| listener_sockets_on_shard(setup.udp_thread_num, setup.shards, shard),
                     || listener_socket(spec.port),
-                ) else {
-                    continue;
-                };
-                opened
+                ) {
+                    Take::Sockets(opened) => opened,
+                    Take::Wait => {
+                        complete = false;
+                        continue;
+                    }
+                    Take::Over => continue,
+                }
             };
             if opened.is_empty() {
                 continue;
@@ -1288,6 +1313,10 @@ impl<D: Driver> Shard<D> {
                 }
             }
             let Some(local_addr) = local_addr else {
+                // Not one socket could be watched: this shard holds none of the group.
+                if !kind.is_stream() {
+                    setup.groups.released(setup.index, spec);
+                }
                 continue;
             };
             let metric = self.counters.listeners.slot(&spec.name);
@@ -1314,7 +1343,7 @@ impl<D: Driver> Shard<D> {
                 conns: 0,
             });
         }
-        setup.groups.reconciled(setup.index, snap);
+        complete
     }
 }
 

@@ -728,6 +728,7 @@ fn listeners_open_and_close_live_on_every_shard() {
 /// milliseconds of the first socket opening.
 fn allocate_as_it_opens(
     server: SocketAddr,
+    password: &'static str,
     clients: usize,
 ) -> Vec<std::thread::JoinHandle<Option<uturn_perf::client::BenchClient>>> {
     (0..clients)
@@ -736,7 +737,7 @@ fn allocate_as_it_opens(
                 let deadline = std::time::Instant::now() + Duration::from_secs(10);
                 while std::time::Instant::now() < deadline {
                     if let Ok(client) =
-                        uturn_perf::client::BenchClient::allocate(server, "alice", "s3cret")
+                        uturn_perf::client::BenchClient::allocate(server, "alice", password)
                     {
                         return Some(client);
                     }
@@ -748,12 +749,14 @@ fn allocate_as_it_opens(
         .collect()
 }
 
-/// Waits until listener `name` on `port` serves on all `SHARDS` shards, then asserts that every
-/// one of `clients` can still create a permission and send to a peer through its allocation.
+/// Waits until listener `name` on `port` has started `runs` times on all `SHARDS` shards,
+/// then asserts that every one of `clients` can still create a permission and send to a peer
+/// through its allocation.
 fn all_allocations_kept(
     server: &Stunnerd,
     name: &str,
     port: u16,
+    runs: usize,
     clients: Vec<std::thread::JoinHandle<Option<uturn_perf::client::BenchClient>>>,
 ) {
     let mut clients: Vec<_> = clients
@@ -770,7 +773,7 @@ fn all_allocations_kept(
     assert!(
         wait_until(10, || {
             let logs = server.logs();
-            (0..SHARDS).all(|shard| logs.contains(&opened(shard)))
+            (0..SHARDS).all(|shard| logs.matches(&opened(shard)).count() >= runs)
         }),
         "{}",
         server.logs()
@@ -788,7 +791,7 @@ fn all_allocations_kept(
         .collect();
     assert!(
         refused.is_empty(),
-        "listener {name:?}: {} of {} allocations were lost when the other shards opened: {refused:?}",
+        "listener {name:?}, run {runs}: {} of {} allocations were lost when the other shards opened: {refused:?}",
         refused.len(),
         clients.len()
     );
@@ -821,7 +824,11 @@ fn allocations_made_while_a_listener_opens_survive_the_other_shards_opening() {
     let one = static_config(turn, health, "s3cret", false);
     let two = with_extra_listener(&one, extra);
     std::fs::write(&config, &one).unwrap();
-    let at_start = allocate_as_it_opens(format!("127.0.0.1:{turn}").parse().unwrap(), CLIENTS);
+    let at_start = allocate_as_it_opens(
+        format!("127.0.0.1:{turn}").parse().unwrap(),
+        "s3cret",
+        CLIENTS,
+    );
     let shards = SHARDS.to_string();
     let server = Stunnerd::start(
         &[
@@ -833,12 +840,56 @@ fn allocations_made_while_a_listener_opens_survive_the_other_shards_opening() {
         ],
         &[("UTURN_SHARDS", &shards)],
     );
-    all_allocations_kept(&server, "udp", turn, at_start);
-    let added = allocate_as_it_opens(format!("127.0.0.1:{extra}").parse().unwrap(), CLIENTS);
+    all_allocations_kept(&server, "udp", turn, 1, at_start);
+    let added = allocate_as_it_opens(
+        format!("127.0.0.1:{extra}").parse().unwrap(),
+        "s3cret",
+        CLIENTS,
+    );
     std::fs::write(&config, &two).unwrap();
-    all_allocations_kept(&server, "extra", extra, added);
+    all_allocations_kept(&server, "extra", extra, 1, added);
     assert!(wait_until(5, || status(health)
         .is_some_and(|s| s["allocationCount"] == 2 * CLIENTS)));
+    let _ = std::fs::remove_file(config);
+}
+
+/// A listener restarted on its port (a new realm) opens its new sockets only once every shard
+/// has closed its old one: an old socket leaving the SO_REUSEPORT group later would move
+/// clients that had just allocated on the new one to a shard without their allocation.
+#[test]
+fn allocations_made_while_a_listener_restarts_survive_the_old_sockets_closing() {
+    const CLIENTS: usize = 16;
+    let (turn, health) = (free_port(), free_port());
+    let config = temp_file("restarting.yaml");
+    let before = static_config(turn, health, "s3cret", false);
+    std::fs::write(&config, &before).unwrap();
+    let shards = SHARDS.to_string();
+    let server = Stunnerd::start(
+        &[
+            "-w",
+            "-u",
+            &shards,
+            // The clients retry at once on a 401 from the old run: no challenge budget.
+            "--challenge-rate",
+            "0",
+            "-c",
+            &format!("file://{}", config.display()),
+        ],
+        &[("UTURN_SHARDS", &shards)],
+    );
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    all_allocations_kept(&server, "udp", turn, 1, Vec::new());
+    // The old run refuses the new password, so these clients can only allocate on the new run.
+    let restarted = allocate_as_it_opens(turn_addr, "n3w", CLIENTS);
+    std::fs::write(
+        &config,
+        before
+            .replace("auth: {", "auth: {realm: other.example, ")
+            .replace("password: s3cret", "password: n3w"),
+    )
+    .unwrap();
+    all_allocations_kept(&server, "udp", turn, 2, restarted);
+    assert!(server.logs().contains("restarted objects: 1"));
     let _ = std::fs::remove_file(config);
 }
 
