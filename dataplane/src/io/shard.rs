@@ -285,14 +285,49 @@ impl Counters {
     }
 }
 
+/// The snapshot a shard serves packets under.
+struct Serving {
+    cache: Cache<Arc<ArcSwap<Snapshot>>, Arc<Snapshot>>,
+    /// The snapshot the shard's listeners were last reconciled to (on a tick).
+    reconciled: Arc<Snapshot>,
+    /// A newer snapshot's generation, and whether it runs the same listeners.
+    newer: Option<(u64, bool)>,
+}
+
+impl Serving {
+    /// The newest snapshot if it runs the listeners this shard runs, so that new endpoints,
+    /// credentials and quotas apply at once; else the reconciled one until the next tick. A
+    /// listener about to restart must not serve under the snapshot of its next run: it would
+    /// accept, say, the credentials of a new realm, and the allocations made with them would
+    /// end with the restart a moment later.
+    fn current(&mut self) -> &Snapshot {
+        let Serving {
+            cache,
+            reconciled,
+            newer,
+        } = self;
+        let latest: &Snapshot = cache.load();
+        if latest.generation != reconciled.generation {
+            let same = match *newer {
+                Some((generation, same)) if generation == latest.generation => same,
+                _ => {
+                    let same = latest.listeners == reconciled.listeners;
+                    *newer = Some((latest.generation, same));
+                    same
+                }
+            };
+            if !same {
+                return reconciled;
+            }
+        }
+        latest
+    }
+}
+
 pub(super) struct Shard<D: Driver> {
     index: usize,
     engine: Engine,
-    cache: Cache<Arc<ArcSwap<Snapshot>>, Arc<Snapshot>>,
-    /// The snapshot the shard serves under: the one its listeners were last reconciled to,
-    /// picked up on a tick. Serving a newer one early would, for one, let a listener about to
-    /// restart accept what only its next run should (say, the credentials of a new realm).
-    snap: Arc<Snapshot>,
+    serving: Serving,
     generation: Option<u64>,
     listeners: Vec<RunningListener<D::Watch>>,
     relays: Vec<Option<RelaySlot<D::Watch>>>,
@@ -332,8 +367,11 @@ impl<D: Driver> Shard<D> {
         Shard {
             index: setup.index,
             engine: Engine::new(setup.engine.clone()),
-            cache: Cache::new(setup.snapshot.clone()),
-            snap: setup.snapshot.load_full(),
+            serving: Serving {
+                cache: Cache::new(setup.snapshot.clone()),
+                reconciled: setup.snapshot.load_full(),
+                newer: None,
+            },
             generation: None,
             listeners: Vec::new(),
             relays: Vec::new(),
@@ -360,13 +398,13 @@ impl<D: Driver> Shard<D> {
     /// publishes the counters.
     pub fn tick(&mut self, setup: &ShardSetup) {
         let now = Instant::now();
-        let snap = self.cache.load().clone();
+        let snap = self.serving.cache.load().clone();
         if self.generation != Some(snap.generation) {
             // A listener that must wait for another run's sockets to close is tried again on
             // the next tick.
             let complete = self.reconcile_listeners(&snap, setup);
             self.generation = complete.then_some(snap.generation);
-            self.snap = snap;
+            self.serving.reconciled = snap;
         }
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.engine.handle_timeout(now);
@@ -957,7 +995,7 @@ impl<D: Driver> Shard<D> {
     ) -> Option<usize> {
         let Shard {
             engine,
-            snap,
+            serving,
             listeners,
             relays,
             counters,
@@ -968,7 +1006,7 @@ impl<D: Driver> Shard<D> {
             resource_log,
             ..
         } = self;
-        let snap: &Snapshot = snap;
+        let snap: &Snapshot = serving.current();
         let listener = listeners.iter().find(|l| l.id == id)?;
         let action = engine.handle_client(
             now,
@@ -1047,7 +1085,7 @@ impl<D: Driver> Shard<D> {
     fn peer_datagram(&mut self, now: Instant, relay: RelayId, datagram: Datagram<'_>) {
         let Shard {
             engine,
-            snap,
+            serving,
             listeners,
             counters,
             out,
@@ -1064,7 +1102,7 @@ impl<D: Driver> Shard<D> {
             counters.unparsed += 1;
             return;
         }
-        let snap: &Snapshot = snap;
+        let snap: &Snapshot = serving.current();
         let buf = &mut datagram.buf[..PEER_HEADROOM + datagram.len];
         let PeerAction::ToClient {
             listener,
