@@ -7,7 +7,7 @@
 //! SO_REUSEPORT then share it silently and the kernel spreads one client's packets over both.
 //! The ports here come from below the ephemeral range instead, in a sequence that starts at
 //! an offset drawn from the process id, and each one is probed free for UDP and TCP on the
-//! wildcard address before it is handed out. They are even, and the odd port above each is
+//! wildcard address before it is handed out. They step by two, and the port above each is
 //! free too and never handed out: coturn's `turnutils_peer -p P` also binds P+1, and a test's
 //! stunnerd given that port would share it with the peer, which echoes what it receives.
 
@@ -17,13 +17,41 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// The lowest port handed out.
 const FIRST: u16 = 10_000;
 
-/// Where the kernel's ephemeral range starts (`net.ipv4.ip_local_port_range`), 32768 if it
-/// cannot be read.
-fn ephemeral_start() -> u16 {
+/// The kernel's ephemeral range (`net.ipv4.ip_local_port_range`), Linux's default if it cannot
+/// be read.
+fn ephemeral_range() -> (u16, u16) {
     std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32_768)
+        .and_then(|s| {
+            let mut bounds = s.split_whitespace().map(|b| b.parse::<u16>().ok());
+            Some((bounds.next()??, bounds.next()??))
+        })
+        .unwrap_or((32_768, 60_999))
+}
+
+/// The ports handed out, `start..end`: the larger gap beside the ephemeral range (from 10000),
+/// or 10000..32768 on a host whose ephemeral range leaves no room (the probe still skips ports
+/// in use).
+fn range() -> (u16, u16) {
+    let (low, high) = ephemeral_range();
+    range_beside(low, high)
+}
+
+/// [`range`] for the ephemeral range `low..=high`.
+fn range_beside(low: u16, high: u16) -> (u16, u16) {
+    let below = (FIRST, low.max(FIRST));
+    let above = (high.saturating_add(1).max(FIRST), u16::MAX);
+    let size = |(start, end): (u16, u16)| end.saturating_sub(start);
+    let gap = if size(below) >= size(above) {
+        below
+    } else {
+        above
+    };
+    if size(gap) >= 2_000 {
+        gap
+    } else {
+        (FIRST, 32_768)
+    }
 }
 
 /// Whether `port` can be bound for both UDP and TCP on the wildcard address (both families
@@ -36,43 +64,24 @@ fn is_free(port: u16) -> bool {
     udp.is_ok() && tcp.is_ok()
 }
 
-/// An even port free for UDP and TCP, with the port above it free too, never handed out
-/// before by this process.
+/// A port free for UDP and TCP, with the port above it free too and never handed out, itself
+/// never handed out before by this process.
 ///
 /// # Panics
-/// If every such pair between 10000 and the start of the ephemeral range is taken.
+/// If every such pair in [`range`] is taken.
 pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let end = ephemeral_start();
-    if end <= FIRST + 1_000 {
-        // An unusual host whose ephemeral range covers the low ports: fall back to the kernel.
-        return kernel_port();
-    }
-    let pairs = u32::from(end - FIRST) / 2;
+    let (start, end) = range();
+    let pairs = u32::from(end - start) / 2;
     let offset = std::process::id().wrapping_mul(2_654_435_761) % pairs;
     for _ in 0..pairs {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = FIRST + 2 * ((offset + n) % pairs) as u16;
+        let port = start + 2 * ((offset + n) % pairs) as u16;
         if is_free(port) && is_free(port + 1) {
             return port;
         }
     }
-    panic!("no pair of ports free for UDP and TCP between {FIRST} and {end}");
-}
-
-/// A port the kernel picked for UDP that is also free for TCP.
-fn kernel_port() -> u16 {
-    for _ in 0..100 {
-        let udp = UdpSocket::bind("127.0.0.1:0").expect("bind a UDP port on loopback");
-        let port = udp
-            .local_addr()
-            .expect("a bound socket has an address")
-            .port();
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no loopback port free for both UDP and TCP in 100 tries");
+    panic!("no pair of ports free for UDP and TCP in {start}..{end}");
 }
 
 #[cfg(test)]
@@ -81,7 +90,8 @@ mod tests {
 
     #[test]
     fn ports_are_distinct_below_the_ephemeral_range_and_free() {
-        let end = ephemeral_start();
+        let (start, end) = range();
+        let (low, high) = ephemeral_range();
         let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
         let mut unique = ports.clone();
         unique.sort_unstable();
@@ -89,12 +99,24 @@ mod tests {
         assert_eq!(unique.len(), ports.len(), "a port was handed out twice");
         for port in ports {
             assert!(
-                (FIRST..end).contains(&port),
-                "{port} is outside {FIRST}..{end}"
+                (start..end).contains(&port),
+                "{port} is outside {start}..{end}"
             );
-            assert_eq!(port % 2, 0, "{port} is odd");
+            if end - start > 2_000 && (start, end) != (FIRST, 32_768) {
+                assert!(!(low..=high).contains(&port), "{port} is ephemeral");
+            }
+            assert_eq!((port - start) % 2, 0, "{port} is out of step");
             assert!(is_free(port) && is_free(port + 1));
         }
+    }
+
+    #[test]
+    fn ports_come_from_the_larger_gap_beside_the_ephemeral_range() {
+        assert_eq!(range_beside(32_768, 60_999), (10_000, 32_768));
+        assert_eq!(range_beside(40_000, 50_000), (10_000, 40_000));
+        assert_eq!(range_beside(10_000, 30_000), (30_001, 65_535));
+        // No room on either side: the probe alone keeps clear of ports in use.
+        assert_eq!(range_beside(1_024, 65_535), (10_000, 32_768));
     }
 
     #[test]
