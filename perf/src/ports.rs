@@ -5,7 +5,7 @@
 //! back to the ephemeral pool, where a relay or client socket opened a moment later, or a
 //! second caller doing the same, can take it. Two stunnerd processes that both bind it with
 //! SO_REUSEPORT then share it silently and the kernel spreads one client's packets over both.
-//! The ports here come from below the ephemeral range instead, in a sequence that starts at
+//! The ports here come from beside the ephemeral range instead, in a sequence that starts at
 //! an offset drawn from the process id, and each one is probed free for UDP and TCP on the
 //! wildcard address before it is handed out. They step by two, and the port above each is
 //! free too and never handed out: coturn's `turnutils_peer -p P` also binds P+1, and a test's
