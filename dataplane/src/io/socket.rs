@@ -60,7 +60,7 @@ pub fn prepare_stream(socket: &Socket) -> io::Result<()> {
 }
 
 /// A relay socket as `request` asks: wildcard of its family, kernel-chosen port (even if asked),
-/// DF set for IPv4 when asked.
+/// no fragmentation when asked (DF on IPv4, no source fragmentation on IPv6).
 pub fn relay_socket(request: &RelayRequest) -> io::Result<(Socket, u16)> {
     let wildcard = match request.family {
         Family::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
@@ -77,8 +77,8 @@ pub fn relay_socket(request: &RelayRequest) -> io::Result<(Socket, u16)> {
         if request.even_port && port % 2 == 1 {
             continue;
         }
-        if request.dont_fragment && request.family == Family::V4 {
-            set_dont_fragment(&socket)?;
+        if request.dont_fragment {
+            set_dont_fragment(&socket, request.family)?;
         }
         return Ok((socket, port));
     }
@@ -111,15 +111,26 @@ fn bind_udp(addr: SocketAddr, reuse_port: bool, v6_only: Option<bool>) -> io::Re
     Ok(socket)
 }
 
-fn set_dont_fragment(socket: &Socket) -> io::Result<()> {
+/// RFC 8656 §7.2 and §14: DONT-FRAGMENT asks that relayed datagrams not be fragmented. IPv4: the
+/// DF bit on every datagram (path MTU discovery "do"). IPv6 routers never fragment, but the
+/// sending host does unless IPV6_DONTFRAG is set (RFC 3542 §11.2): with it a datagram too large
+/// for the path fails with EMSGSIZE instead of leaving in fragments.
+fn set_dont_fragment(socket: &Socket, family: Family) -> io::Result<()> {
     use std::os::fd::AsRawFd;
-    let value: libc::c_int = libc::IP_PMTUDISC_DO;
+    let (level, name, value) = match family {
+        Family::V4 => (
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        ),
+        Family::V6 => (libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1),
+    };
     // SAFETY: a valid fd and a c_int option value of the right size.
     let rc = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
+            level,
+            name,
             &value as *const libc::c_int as *const libc::c_void,
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
@@ -182,5 +193,64 @@ pub fn try_send_to(
         Ok(None)
     } else {
         Err(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::RelayId;
+    use std::os::fd::AsRawFd;
+
+    fn option(socket: &Socket, level: libc::c_int, name: libc::c_int) -> libc::c_int {
+        let mut value: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: a valid fd, and a c_int buffer with its length.
+        let rc = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                level,
+                name,
+                (&mut value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "getsockopt: {}", io::Error::last_os_error());
+        value
+    }
+
+    /// DONT-FRAGMENT reaches the kernel for both families, and only when asked.
+    #[test]
+    fn dont_fragment_is_set_on_ipv4_and_ipv6_relays() {
+        for dont_fragment in [false, true] {
+            for family in [Family::V4, Family::V6] {
+                let request = RelayRequest {
+                    relay: RelayId(0),
+                    family,
+                    even_port: false,
+                    dont_fragment,
+                };
+                let (socket, _) = relay_socket(&request).expect("relay socket");
+                let (got, want) = match family {
+                    Family::V4 => (
+                        option(&socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER),
+                        if dont_fragment {
+                            libc::IP_PMTUDISC_DO
+                        } else {
+                            option(
+                                &bind_udp("0.0.0.0:0".parse().unwrap(), false, None).unwrap(),
+                                libc::IPPROTO_IP,
+                                libc::IP_MTU_DISCOVER,
+                            )
+                        },
+                    ),
+                    Family::V6 => (
+                        option(&socket, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG),
+                        i32::from(dont_fragment),
+                    ),
+                };
+                assert_eq!(got, want, "{family:?}, DONT-FRAGMENT {dont_fragment}");
+            }
+        }
     }
 }
