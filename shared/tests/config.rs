@@ -351,7 +351,7 @@ fn unset_stunner_addr_falls_back_to_the_default_address() {
 #[test]
 fn stunner_port_defaults_from_public_port_or_3478() {
     let text = "version: v1\nauth: {credentials: {username: u, password: p}}\n\
-                listeners:\n  - {name: a, port: $STUNNER_PORT}\n  - {name: b, port: \"${STUNNER_PORT}\"}\n";
+                listeners:\n  - {name: a, port: $STUNNER_PORT}\n  - {name: b, protocol: TURN-TCP, port: \"${STUNNER_PORT}\"}\n";
     let cases: &[(&[(&str, &str)], u16)] = &[
         (&[], 3478),
         (&[("STUNNER_PORT", "4000")], 4000),
@@ -397,7 +397,7 @@ fn listener_ports_accept_numbers_and_numeric_strings() {
     ];
     for (raw, want) in cases {
         let text = json_with(&format!(
-            r#""listeners": [{{"name": "ok"}}, {{"name": "l", "port": {raw}}}]"#
+            r#""listeners": [{{"name": "ok", "protocol": "TURN-TCP"}}, {{"name": "l", "port": {raw}}}]"#
         ));
         match (parse(&text), want) {
             (Ok(config), Ok(port)) => assert_eq!(config.listeners[1].port, *port, "{raw}"),
@@ -693,7 +693,7 @@ fn localhost_address_maps_to_loopback() {
 #[test]
 fn routes_and_endpoints_are_sorted_but_entries_stay_in_order() {
     let config = parse_ok(&json_with(
-        r#""listeners": [{"name": "z", "routes": ["b", "a"]}, {"name": "a"}],
+        r#""listeners": [{"name": "z", "routes": ["b", "a"]}, {"name": "a", "port": 3479}],
            "clusters": [{"name": "y", "endpoints": ["10.0.0.2", "10.0.0.1", "::1"]}, {"name": "x"}]"#,
     ));
     assert_eq!(config.listeners[0].name, "z");
@@ -1043,10 +1043,11 @@ listeners:
   - &base {name: a, protocol: TURN-TCP, port: 4000}
   - <<: *base
     name: b
+    protocol: TURN-UDP
 "#,
     );
     assert_eq!(config.listeners[1].name, "b");
-    assert_eq!(config.listeners[1].protocol, ListenerProtocol::TurnTcp);
+    assert_eq!(config.listeners[1].protocol, ListenerProtocol::TurnUdp);
     assert_eq!(config.listeners[1].port, 4000);
 }
 
@@ -1231,4 +1232,59 @@ fn peer_policy_refuses_special_scopes_and_own_addresses_unless_listed() {
             "{clusters} -> {at}"
         );
     }
+}
+
+#[test]
+fn listeners_of_one_transport_on_one_port_are_an_error_naming_both() {
+    let (cert, key) = (pem_b64("CERTIFICATE"), pem_b64("PRIVATE KEY"));
+    let listener = |name: &str, protocol: &str, address: &str, port: u16| {
+        format!(
+            r#"{{"name": "{name}", "protocol": "{protocol}", "address": "{address}", "port": {port}, "cert": "{cert}", "key": "{key}"}}"#
+        )
+    };
+    // (first, second, whether they clash)
+    let cases = [
+        (("TURN-UDP", "127.0.0.1"), ("TURN-UDP", "127.0.0.1"), true),
+        (("TURN-UDP", "127.0.0.1"), ("TURN-DTLS", "127.0.0.1"), true),
+        (("TURN-TCP", "127.0.0.1"), ("TURN-TLS", "127.0.0.1"), true),
+        (("TURN-TLS", "127.0.0.1"), ("TURN-TLS", "127.0.0.1"), true),
+        // The address is only advertised: both bind the port on every address.
+        (("TURN-UDP", "10.0.0.1"), ("TURN-UDP", "10.0.0.2"), true),
+        (("TURN-DTLS", "0.0.0.0"), ("TURN-UDP", "::1"), true),
+        // One UDP-based and one TCP-based listener share a port, as STUNner's do.
+        (("TURN-UDP", "127.0.0.1"), ("TURN-TCP", "127.0.0.1"), false),
+        (("TURN-TLS", "127.0.0.1"), ("TURN-DTLS", "127.0.0.1"), false),
+        // Plain protocols are not served, so they hold no port.
+        (("UDP", "127.0.0.1"), ("TURN-UDP", "127.0.0.1"), false),
+    ];
+    for ((p1, a1), (p2, a2), clash) in cases {
+        let text = json_with(&format!(
+            r#""listeners": [{}, {}, {}]"#,
+            listener("other", "TURN-UDP", "127.0.0.1", 4000),
+            listener("media-a", p1, a1, 3478),
+            listener("media-b", p2, a2, 3478)
+        ));
+        let result = parse(&text);
+        if !clash {
+            assert!(result.is_ok(), "{p1} and {p2}: {result:?}");
+            continue;
+        }
+        let e = result.expect_err(&format!("{p1} {a1} and {p2} {a2} share port 3478"));
+        assert_eq!(e.field, "listeners[2].port", "{e}");
+        assert_eq!(e.value, "3478");
+        let text = e.to_string();
+        for needle in [
+            "\"media-a\"",
+            "\"media-b\"",
+            "listeners[1]",
+            "port 3478",
+            "give one of them another port",
+        ] {
+            assert!(text.contains(needle), "{needle:?} missing from: {text}");
+        }
+    }
+    // The default port counts: two UDP listeners without one clash on 3478.
+    let e = parse(&json_with(r#""listeners": [{"name": "a"}, {"name": "b"}]"#)).unwrap_err();
+    assert_eq!(e.field, "listeners[1].port");
+    assert!(e.to_string().contains("both use UDP port 3478"), "{e}");
 }

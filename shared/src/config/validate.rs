@@ -179,6 +179,48 @@ impl StunnerConfig {
 
             listener.routes.sort();
         }
+        self.check_shared_ports()
+    }
+
+    /// Two served listeners of one transport on one port would split its clients: a listener
+    /// binds its port on every address (its `address` is only what it advertises), with
+    /// SO_REUSEPORT, and the kernel hashes clients over all the sockets on the port.
+    fn check_shared_ports(&self) -> Result<(), ConfigError> {
+        let mut taken: HashMap<(bool, u16), usize> = HashMap::new();
+        for (i, listener) in self.listeners.iter().enumerate() {
+            if !listener.protocol.is_turn() {
+                continue;
+            }
+            let datagram = listener.protocol.is_datagram();
+            let Some(&first) = taken.get(&(datagram, listener.port)) else {
+                taken.insert((datagram, listener.port), i);
+                continue;
+            };
+            let other = &self.listeners[first];
+            let (transport, pairs) = if datagram {
+                ("UDP", "TURN-UDP and TURN-DTLS")
+            } else {
+                ("TCP", "TURN-TCP and TURN-TLS")
+            };
+            return Err(ConfigError::new(
+                format!("listeners[{i}].port"),
+                listener.port.to_string(),
+                format!(
+                    "listener {:?} ({}) and listener {:?} ({}, listeners[{first}]) both use {} \
+                     port {}: listeners bind their port on every address, so the two would \
+                     split the port's clients between them; give one of them another port \
+                     ({pairs} are both {transport}; a {transport}-based and a {}-based \
+                     listener may share a port)",
+                    listener.name,
+                    listener.protocol.as_str(),
+                    other.name,
+                    other.protocol.as_str(),
+                    transport,
+                    listener.port,
+                    if datagram { "TCP" } else { "UDP" },
+                ),
+            ));
+        }
         Ok(())
     }
 
