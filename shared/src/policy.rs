@@ -1,7 +1,8 @@
 //! The peer policy's address rules: every IPv6 form that embeds an IPv4 address is reduced to
-//! it before any check, and addresses of special scope (unspecified, loopback, link-local,
-//! multicast, broadcast) are reachable only through an endpoint that names that scope
-//! explicitly (a range inside it), never through a wider range such as `0.0.0.0/0`.
+//! it before any check; addresses of special scope (unspecified, loopback, link-local, multicast, broadcast) are
+//! reachable only through an endpoint that names that scope explicitly (a range inside it),
+//! never through a wider range such as `0.0.0.0/0`; and the host's own addresses
+//! ([`host_ips`]) only through an endpoint that is exactly that address.
 //!
 //! [`crate::snapshot::Snapshot::permits_ip`] and [`crate::snapshot::Snapshot::admits`], which
 //! every check calls (CreatePermission, ChannelBind, Send, each relayed datagram), apply them.
@@ -34,6 +35,48 @@ pub fn canonical_peer(ip: IpAddr) -> IpAddr {
         return IpAddr::V4(Ipv4Addr::from(!u32::from(last32)));
     }
     IpAddr::V6(v6)
+}
+
+/// Every address configured on this host's interfaces, both families, loopback included
+/// (`getifaddrs(3)`); empty if the call fails. A relay that sends to one of them reaches the
+/// gateway's own sockets (listeners, relay ports, health, metrics) whatever address the
+/// listeners advertise.
+pub fn host_ips() -> Vec<IpAddr> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a linked list we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Vec::new();
+    }
+    let mut ips = Vec::new();
+    let mut entry = list;
+    while !entry.is_null() {
+        // SAFETY: `entry` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*entry };
+        entry = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr whose family says which struct it is.
+        let ip = unsafe {
+            match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
+                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+                }
+                _ => continue,
+            }
+        };
+        ips.push(ip);
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    ips.sort();
+    ips.dedup();
+    ips
 }
 
 /// Where an address is reachable from.
@@ -150,6 +193,12 @@ mod tests {
         ] {
             assert_eq!(canonical_peer(ip(v6)), ip(v4), "{v6}");
         }
+    }
+
+    #[test]
+    fn host_ips_include_loopback_of_both_families_where_configured() {
+        let ips = host_ips();
+        assert!(ips.contains(&ip("127.0.0.1")), "{ips:?}");
     }
 
     #[test]

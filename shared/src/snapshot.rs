@@ -96,8 +96,9 @@ pub struct Snapshot {
     /// `admin.user_quota`: allocations one user-id may hold at once; 0 means no quota.
     pub user_quota: u32,
     routes: Vec<Route>,
-    /// The listeners' advertised (relay) addresses: never a peer unless a routed cluster lists
-    /// that exact address.
+    /// The gateway's own addresses: the listeners' advertised (relay) addresses and the host's
+    /// interface addresses (loopback aside, which its scope already guards); never a peer
+    /// unless a routed cluster lists that exact address.
     own_ips: Vec<IpAddr>,
 }
 
@@ -139,11 +140,24 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
 impl Snapshot {
     /// Builds the snapshot of a validated config. `discovered` gives the current endpoints of
     /// a STRICT_DNS or KUBERNETES cluster (resolved or watched by the control thread); STATIC
-    /// clusters are taken from the config.
+    /// clusters are taken from the config. The host's interface addresses are read now
+    /// ([`crate::policy::host_ips`]), so every snapshot, at start and after each reload or
+    /// endpoint change, refuses the addresses the host has then.
     pub fn from_config(
         config: &StunnerConfig,
         generation: u64,
         discovered: &dyn Fn(&ClusterConfig) -> Vec<StaticEndpoint>,
+    ) -> Snapshot {
+        Snapshot::from_config_on_host(config, generation, discovered, &crate::policy::host_ips())
+    }
+
+    /// [`Snapshot::from_config`] on a host whose interface addresses are `host_ips` (for
+    /// harnesses that must not depend on the machine they run on).
+    pub fn from_config_on_host(
+        config: &StunnerConfig,
+        generation: u64,
+        discovered: &dyn Fn(&ClusterConfig) -> Vec<StaticEndpoint>,
+        host_ips: &[IpAddr],
     ) -> Snapshot {
         let clusters: Vec<ClusterSpec> = config
             .clusters
@@ -192,9 +206,16 @@ impl Snapshot {
                     .collect(),
             });
         }
+        // The host's loopback addresses are left to their scope rule: all of 127.0.0.0/8 is
+        // the host, and an endpoint inside it is already an explicit choice to reach it.
+        let host_ips = host_ips
+            .iter()
+            .map(|&ip| crate::policy::canonical_peer(ip))
+            .filter(|&ip| crate::policy::scope(ip) != crate::policy::Scope::Loopback);
         let mut own_ips: Vec<IpAddr> = listeners
             .iter()
             .map(|l| crate::policy::canonical_peer(l.advertised_ip))
+            .chain(host_ips)
             .filter(|ip| !ip.is_unspecified())
             .collect();
         own_ips.sort();
