@@ -1,6 +1,7 @@
 //! Criterion benchmarks of the sans-IO engine: the per-packet ChannelData decision (the hot
 //! path), a peer datagram framed back to the client, and an authenticated Allocate (long-term
-//! credentials, HMAC-SHA1 check, nonce, allocation) with its relay completion.
+//! credentials, HMAC-SHA1 check, nonce, allocation) with its relay completion, and the
+//! largest CreatePermission a client can send (64 KB, 5 444 peers, refused 508 at the cap).
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use std::hint::black_box;
@@ -9,7 +10,7 @@ use std::time::Instant;
 use stun_proto::types::attribute::{Nonce, Realm};
 use stun_proto::types::message::{Message, MessageWriteExt, MessageWriteVec, TransactionId};
 use turn_types::attribute::{ChannelNumber, XorPeerAddress};
-use turn_types::message::{ALLOCATE, CHANNEL_BIND};
+use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION};
 use uturn_dataplane::proto::{
     ClientAction, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction, RelayId, PEER_HEADROOM,
 };
@@ -178,5 +179,45 @@ fn allocate_with_auth(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, channel_data, allocate_with_auth);
+/// XOR-PEER-ADDRESS attributes (12 bytes each for IPv4) that fit one 64 KB request beside its
+/// USERNAME, REALM, NONCE and MESSAGE-INTEGRITY.
+const MAX_PEERS_IN_ONE_REQUEST: u32 = 5_444;
+
+fn create_permission_many_peers(c: &mut Criterion) {
+    // Issue #18 point 6: one request naming 5 444 distinct peers, far over the permission cap
+    // (256). The engine answers 508 and installs nothing; the timed part is that answer.
+    let mut b = Bench::new();
+    let client: SocketAddr = "192.0.2.1:1000".parse().unwrap();
+    let allocate = b.signed(ALLOCATE, &udp_transport);
+    b.reply(client, &allocate);
+    let request = b.signed(CREATE_PERMISSION, &|m: &mut MessageWriteVec, txid| {
+        for i in 0..MAX_PEERS_IN_ONE_REQUEST {
+            let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i + 1);
+            let peer = SocketAddr::new(ip.into(), 5000);
+            m.add_attribute(&XorPeerAddress::new(peer, txid)).unwrap();
+        }
+    });
+    assert!(request.len() <= usize::from(u16::MAX), "{}", request.len());
+    let n = b.reply(client, &request);
+    let code = Message::from_bytes(&b.out[..n])
+        .unwrap()
+        .attribute::<stun_proto::types::attribute::ErrorCode>()
+        .unwrap()
+        .code();
+    assert_eq!(code, 508);
+
+    let mut group = c.benchmark_group("engine");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("create_permission_5444_peers_508", |bencher| {
+        bencher.iter(|| black_box(b.reply(client, black_box(&request))))
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    channel_data,
+    allocate_with_auth,
+    create_permission_many_peers
+);
 criterion_main!(benches);

@@ -638,6 +638,97 @@ fn create_permission_over_the_cap_installs_and_refreshes_nothing() {
     );
 }
 
+/// The most IPv4 XOR-PEER-ADDRESS attributes one 64 KB CreatePermission carries beside its
+/// credentials (issue #18 point 6).
+const MAX_PEERS_IN_ONE_REQUEST: u32 = 5_444;
+
+fn peer_number(i: u32) -> SocketAddr {
+    SocketAddr::new(std::net::Ipv4Addr::from(0x0a00_0000 + i + 1).into(), 5000)
+}
+
+#[test]
+fn create_permission_naming_thousands_of_peers_gets_508_and_stops_at_the_cap() {
+    // Default cap: 256 permissions per allocation.
+    let mut h = Harness::new(STATIC_AUTH);
+    let (mut c, _) = allocate(&mut h);
+    let many = |m: &mut MessageWriteVec, txid| {
+        for i in 0..MAX_PEERS_IN_ONE_REQUEST {
+            m.add_attribute(&XorPeerAddress::new(peer_number(i), txid))
+                .unwrap();
+        }
+    };
+    let reply = c.call(&mut h, CREATE_PERMISSION, &many);
+    assert_eq!(reply.error_code(), Some(508));
+    // RFC 8656 §9.2: refused as a whole, so none of them is installed.
+    for i in [0, 1, 255, 5443] {
+        let peer = peer_number(i).to_string();
+        assert_eq!(
+            h.peer(RelayId(0), &peer, b"x").0,
+            PeerAction::Drop(DropReason::NoPermission),
+            "{peer}"
+        );
+    }
+    // The engine stops at the 257th new peer: what follows is never looked at, so a denied
+    // peer (403), a peer of the other family (443) or a malformed XOR-PEER-ADDRESS (400) there
+    // does not change the answer.
+    let spoiled = |m: &mut MessageWriteVec, txid| {
+        for i in 0..300 {
+            m.add_attribute(&XorPeerAddress::new(peer_number(i), txid))
+                .unwrap();
+        }
+        m.add_attribute(&XorPeerAddress::new(
+            "172.16.0.1:5000".parse().unwrap(),
+            txid,
+        ))
+        .unwrap();
+        m.add_attribute(&XorPeerAddress::new(
+            "[fd00::1]:5000".parse().unwrap(),
+            txid,
+        ))
+        .unwrap();
+        m.add_attribute(&stun_proto::types::attribute::RawAttribute::new(
+            XorPeerAddress::TYPE,
+            &[0xff],
+        ))
+        .unwrap();
+    };
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &spoiled).error_code(),
+        Some(508)
+    );
+    // Within the cap, the same spoilers are answered as before.
+    let denied = |m: &mut MessageWriteVec, txid| {
+        for i in 0..10 {
+            m.add_attribute(&XorPeerAddress::new(peer_number(i), txid))
+                .unwrap();
+        }
+        m.add_attribute(&XorPeerAddress::new(
+            "172.16.0.1:5000".parse().unwrap(),
+            txid,
+        ))
+        .unwrap();
+    };
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &denied).error_code(),
+        Some(403)
+    );
+    // 256 distinct peers, each named many times, fit exactly.
+    let repeated = |m: &mut MessageWriteVec, txid| {
+        for i in 0..MAX_PEERS_IN_ONE_REQUEST {
+            m.add_attribute(&XorPeerAddress::new(peer_number(i % 256), txid))
+                .unwrap();
+        }
+    };
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &repeated).class(),
+        MessageClass::Success
+    );
+    assert!(matches!(
+        h.peer(RelayId(0), &peer_number(255).to_string(), b"x").0,
+        PeerAction::ToClient { .. }
+    ));
+}
+
 #[test]
 fn unknown_attributes_reply_is_bounded() {
     let mut h = Harness::new(STATIC_AUTH);

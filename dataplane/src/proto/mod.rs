@@ -21,14 +21,14 @@ pub use limits::{AllocationLedger, Limits};
 pub use nonce::{NonceCheck, NonceIssuer, NONCE_LIFETIME_SECS};
 
 use foldhash::fast::RandomState;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stun_proto::types::attribute::{
-    Attribute, AttributeStaticType, MessageIntegrity, MessageIntegritySha256, Nonce, Realm,
-    Username,
+    Attribute, AttributeFromRaw, AttributeStaticType, MessageIntegrity, MessageIntegritySha256,
+    Nonce, Realm, Username,
 };
 use stun_proto::types::message::{
     IntegrityAlgorithm, IntegrityKey, LongTermKeyCredentials, Message, MessageClass, TransactionId,
@@ -876,47 +876,37 @@ impl Engine {
         let Some(alloc) = self.slots[slot as usize].as_mut() else {
             return Err(ErrorReply::new(437, "Allocation Mismatch"));
         };
-        let txid = msg.transaction_id();
-        let mut peers: Vec<IpAddr> = Vec::new();
-        for n in 0.. {
-            match msg.nth_attribute::<XorPeerAddress>(n) {
-                Ok(peer) => peers.push(peer.addr(txid).ip()),
-                Err(_) if msg.nth_raw_attribute(XorPeerAddress::TYPE, n).is_some() => {
-                    return Err(ErrorReply::new(400, "Bad Request"))
-                }
-                Err(_) => break,
-            }
-        }
-        // RFC 8656 §9.2: at least one XOR-PEER-ADDRESS.
-        if peers.is_empty() {
-            return Err(ErrorReply::new(400, "Bad Request"));
-        }
-        let route = snap.route(&alloc.listener_name);
-        for &ip in &peers {
-            if Family::of(ip) != alloc.family {
-                return Err(ErrorReply::new(443, "Peer Address Family Mismatch"));
-            }
-            // stunnerd: the peer IP must lie in a cluster routed from the listener; the RFC's
-            // answer for a policy denial is 403. Any denied peer fails the whole request.
-            if !route.is_some_and(|r| snap.permits_ip(r, ip)) {
-                return Err(denied(&mut self.denial_log, now, alloc, ip));
-            }
-        }
-        // RFC 8656 §9.2: permissions are installed only if the server can carry out the whole
-        // request, so the cap is checked for all new peers before any is installed or refreshed.
         alloc.permissions.retain(|p| p.expires_at > now);
-        let mut new_peers: Vec<IpAddr> = Vec::new();
-        for ip in peers.iter().map(|&ip| canonical_ip(ip)) {
-            if !new_peers.contains(&ip) && !alloc.permissions.iter().any(|p| p.ip == ip) {
-                new_peers.push(ip);
+        let route = snap.route(&alloc.listener_name);
+        let log = &mut self.denial_log;
+        let mut named = {
+            let alloc = &*alloc;
+            named_peers(msg, &alloc.permissions, max_permissions, |ip| {
+                if Family::of(ip) != alloc.family {
+                    return Err(ErrorReply::new(443, "Peer Address Family Mismatch"));
+                }
+                // stunnerd: the peer IP must lie in a cluster routed from the listener; the
+                // RFC's answer for a policy denial is 403. Any denied peer fails the whole
+                // request.
+                if !route.is_some_and(|r| snap.permits_ip(r, ip)) {
+                    return Err(denied(log, now, alloc, ip));
+                }
+                Ok(())
+            })?
+        };
+        // The whole request fits: refresh the held permissions it names, install the others.
+        for permission in &mut alloc.permissions {
+            if named.remove(&permission.ip) {
+                permission.expires_at = now + PERMISSION_LIFETIME;
             }
         }
-        if alloc.permissions.len() + new_peers.len() > max_permissions {
-            return Err(ErrorReply::new(508, "Insufficient Capacity"));
-        }
-        for ip in peers {
-            install_permission(alloc, ip, now, max_permissions)?;
-        }
+        alloc
+            .permissions
+            .extend(named.into_iter().map(|ip| Permission {
+                ip,
+                expires_at: now + PERMISSION_LIFETIME,
+                verdict: None,
+            }));
         Ok(None)
     }
 
@@ -1227,6 +1217,49 @@ fn denied(
     ErrorReply::new(403, "Forbidden")
 }
 
+/// The distinct peer IPs a CreatePermission names, in one pass over its attributes.
+///
+/// `check` judges each distinct IP once (family, policy). RFC 8656 §9.2: the request succeeds
+/// only if all of it can, so the pass stops with 508 as soon as the new IPs and the `held`
+/// permissions together exceed `cap`: a 64 KB request naming 5 444 peers costs no more than
+/// one naming `cap + 1`, and repeats of a peer cost a hash lookup each.
+fn named_peers(
+    msg: &Message<'_>,
+    held: &[Permission],
+    cap: usize,
+    mut check: impl FnMut(IpAddr) -> Result<(), ErrorReply>,
+) -> Result<HashSet<IpAddr, RandomState>, ErrorReply> {
+    let txid = msg.transaction_id();
+    let held_ips: HashSet<IpAddr, RandomState> = held.iter().map(|p| p.ip).collect();
+    let mut named: HashSet<IpAddr, RandomState> = HashSet::default();
+    let mut new_peers = 0usize;
+    for (_, raw) in msg.iter_attributes() {
+        if raw.get_type() != XorPeerAddress::TYPE {
+            continue;
+        }
+        let Ok(peer) = XorPeerAddress::from_raw_ref(&raw) else {
+            return Err(ErrorReply::new(400, "Bad Request"));
+        };
+        let ip = canonical_ip(peer.addr(txid).ip());
+        if named.contains(&ip) {
+            continue;
+        }
+        check(ip)?;
+        named.insert(ip);
+        if !held_ips.contains(&ip) {
+            new_peers += 1;
+            if held.len() + new_peers > cap {
+                return Err(ErrorReply::new(508, "Insufficient Capacity"));
+            }
+        }
+    }
+    // RFC 8656 §9.2: at least one XOR-PEER-ADDRESS.
+    if named.is_empty() {
+        return Err(ErrorReply::new(400, "Bad Request"));
+    }
+    Ok(named)
+}
+
 fn install_permission(
     alloc: &mut Allocation,
     ip: IpAddr,
@@ -1267,4 +1300,63 @@ fn indication_txid(key: &[u8; 32], counter: u64) -> TransactionId {
     salt.copy_from_slice(&key[16..]);
     let mixed = u128::from_be_bytes(salt) ^ u128::from(counter).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     TransactionId::from(mixed & ((1u128 << 96) - 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stun_proto::types::message::{MessageWrite, MessageWriteExt, MessageWriteVec};
+
+    fn create_permission(peers: impl Iterator<Item = SocketAddr>) -> Vec<u8> {
+        let mut msg = Message::builder_request(CREATE_PERMISSION, MessageWriteVec::new());
+        let txid = msg.transaction_id();
+        for peer in peers {
+            msg.add_attribute(&XorPeerAddress::new(peer, txid)).unwrap();
+        }
+        msg.finish()
+    }
+
+    fn peer(i: u32) -> SocketAddr {
+        SocketAddr::new(std::net::Ipv4Addr::from(0x0a00_0000 + i).into(), 5000)
+    }
+
+    #[test]
+    fn named_peers_judges_each_distinct_peer_once_and_stops_at_the_cap() {
+        // 5 444 distinct peers (a 64 KB request) against a cap of 256: the pass stops at the
+        // 257th, having judged no more.
+        let data = create_permission((0..5_444).map(peer));
+        let msg = Message::from_bytes(&data).unwrap();
+        let mut judged = 0;
+        let result = named_peers(&msg, &[], 256, |_| {
+            judged += 1;
+            Ok(())
+        });
+        assert_eq!(result.unwrap_err().code, 508);
+        assert_eq!(judged, 257);
+        // With 200 held, the 57th new peer is one too many.
+        let held: Vec<Permission> = (10_000..10_200)
+            .map(|i| Permission {
+                ip: peer(i).ip(),
+                expires_at: Instant::now(),
+                verdict: None,
+            })
+            .collect();
+        judged = 0;
+        let result = named_peers(&msg, &held, 256, |_| {
+            judged += 1;
+            Ok(())
+        });
+        assert_eq!(result.unwrap_err().code, 508);
+        assert_eq!(judged, 57);
+        // One peer named 5 444 times is judged once and fits.
+        let data = create_permission((0..5_444).map(|_| peer(1)));
+        let msg = Message::from_bytes(&data).unwrap();
+        judged = 0;
+        let named = named_peers(&msg, &[], 256, |_| {
+            judged += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((judged, named.len()), (1, 1));
+    }
 }
