@@ -1,5 +1,7 @@
-//! The peer policy's address rules: every IPv6 form that embeds an IPv4 address is reduced to
-//! it before any check; addresses of special scope (unspecified, loopback, link-local, multicast, broadcast) are
+//! The peer policy's address rules: every IPv6 form whose packets reach an IPv4 address
+//! (mapped, compatible, NAT64) is reduced to it before any check; 6to4 and Teredo addresses are
+//! IPv6 destinations that travel through the IPv4 address they embed, so both are judged;
+//! addresses of special scope (unspecified, loopback, link-local, multicast, broadcast) are
 //! reachable only through an endpoint that names that scope explicitly (a range inside it),
 //! never through a wider range such as `0.0.0.0/0`; and the host's own addresses
 //! ([`host_ips`]) only through an endpoint that is exactly that address.
@@ -9,9 +11,10 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// The address a peer IP really designates: IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible
-/// (`::a.b.c.d`, except `::` and `::1`), NAT64 (`64:ff9b::/96`), 6to4 (`2002::/16`) and Teredo
-/// (`2001::/32`, the client address, stored inverted) forms become that IPv4 address.
+/// The address a peer IP really designates: IPv4-mapped (`::ffff:a.b.c.d`, sent as IPv4 by a
+/// dual-stack socket), IPv4-compatible (`::a.b.c.d`, except `::` and `::1`) and NAT64
+/// (`64:ff9b::/96`, translated to it) forms become that IPv4 address. 6to4 and Teredo stay
+/// IPv6: see [`tunnel_ipv4`].
 pub fn canonical_peer(ip: IpAddr) -> IpAddr {
     let IpAddr::V6(v6) = ip else {
         return ip;
@@ -28,13 +31,28 @@ pub fn canonical_peer(ip: IpAddr) -> IpAddr {
     if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0; 4] {
         return IpAddr::V4(last32);
     }
+    IpAddr::V6(v6)
+}
+
+/// The IPv4 address a 6to4 (`2002::/16`, the site's border router) or Teredo (`2001::/32`, the
+/// client's NAT, stored inverted) address travels through: a packet for it is sent to the IPv6
+/// address, and where a 6to4 or Teredo relay carries it (on this host or on the path), it leaves
+/// encapsulated to this IPv4 address. `None` for every other address.
+pub fn tunnel_ipv4(ip: IpAddr) -> Option<Ipv4Addr> {
+    let IpAddr::V6(v6) = ip else {
+        return None;
+    };
+    let s = v6.segments();
+    let o = v6.octets();
     if s[0] == 0x2002 {
-        return IpAddr::V4(Ipv4Addr::new(o[2], o[3], o[4], o[5]));
+        return Some(Ipv4Addr::new(o[2], o[3], o[4], o[5]));
     }
     if s[0] == 0x2001 && s[1] == 0 {
-        return IpAddr::V4(Ipv4Addr::from(!u32::from(last32)));
+        return Some(Ipv4Addr::from(!u32::from_be_bytes([
+            o[12], o[13], o[14], o[15],
+        ])));
     }
-    IpAddr::V6(v6)
+    None
 }
 
 /// Every address configured on this host's interfaces, both families, loopback included
@@ -183,15 +201,32 @@ mod tests {
             ("::0.0.0.0", "::"),
             ("::1", "::1"),
             ("64:ff9b::a9fe:a9fe", "169.254.169.254"),
-            ("2002:7f00:1::", "127.0.0.1"),
-            ("2002:a00:1:1234::1", "10.0.0.1"),
-            // Teredo: the client address is the last 32 bits, inverted.
-            ("2001:0:4136:e378:8000:63bf:80ff:fffe", "127.0.0.1"),
+            // 6to4 and Teredo are IPv6 destinations (see `tunnel_ipv4`).
+            ("2002:7f00:1::", "2002:7f00:1::"),
+            (
+                "2001:0:4136:e378:8000:63bf:80ff:fffe",
+                "2001:0:4136:e378:8000:63bf:80ff:fffe",
+            ),
             ("2001:db8::1", "2001:db8::1"),
             ("fd00::1", "fd00::1"),
             ("10.1.2.3", "10.1.2.3"),
         ] {
             assert_eq!(canonical_peer(ip(v6)), ip(v4), "{v6}");
+        }
+    }
+
+    #[test]
+    fn six_to_four_and_teredo_travel_through_their_ipv4_address() {
+        for (v6, v4) in [
+            ("2002:7f00:1::", Some("127.0.0.1")),
+            ("2002:a00:1:1234::1", Some("10.0.0.1")),
+            // Teredo: the client address is the last 32 bits, inverted.
+            ("2001:0:4136:e378:8000:63bf:80ff:fffe", Some("127.0.0.1")),
+            ("2001:db8::1", None),
+            ("::ffff:127.0.0.1", None),
+            ("10.0.0.1", None),
+        ] {
+            assert_eq!(tunnel_ipv4(ip(v6)), v4.map(|s| s.parse().unwrap()), "{v6}");
         }
     }
 
@@ -219,6 +254,10 @@ mod tests {
             (any4, "2002:7f00:1::", false),
             (any4, "64:ff9b::7f00:1", false),
             (any4, "2001:0:4136:e378:8000:63bf:80ff:fffe", false),
+            // A 6to4 address is an IPv6 destination: an IPv6 endpoint judges it (the snapshot
+            // judges the IPv4 address it travels through as well).
+            (any4, "2002:a00:1::1", false),
+            (any6, "2002:a00:1::1", true),
             (any4, "::ffff:10.0.0.1", true),
             (any6, "::", false),
             (any6, "::1", false),

@@ -252,7 +252,9 @@ impl Snapshot {
     /// Permission-time check (IP only, port ranges ignored): may a client of `route` reach
     /// `ip`? The one peer policy ([`Snapshot::admits`] adds the port): the address is
     /// canonicalised ([`crate::policy::canonical_peer`]), a special-scope address needs an
-    /// endpoint inside its scope, and the gateway's own addresses need an exact endpoint.
+    /// endpoint inside its scope, the gateway's own addresses need an exact endpoint, and a
+    /// 6to4 or Teredo address is admitted only if the IPv4 address it travels through
+    /// ([`crate::policy::tunnel_ipv4`]) is permitted too.
     pub fn permits_ip(&self, route: &Route, ip: IpAddr) -> bool {
         self.admitting(route, ip, None).is_some()
     }
@@ -264,6 +266,10 @@ impl Snapshot {
 
     fn admitting(&self, route: &Route, ip: IpAddr, port: Option<u16>) -> Option<ClusterId> {
         let ip = crate::policy::canonical_peer(ip);
+        // The packet goes to the IPv6 address, through the IPv4 one: both must be reachable.
+        if let Some(via) = crate::policy::tunnel_ipv4(ip) {
+            self.admitting(route, IpAddr::V4(via), None)?;
+        }
         let own = self.own_ips.contains(&ip);
         let full = if ip.is_ipv4() { 32 } else { 128 };
         route.clusters.iter().copied().find(|&c| {

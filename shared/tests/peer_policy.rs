@@ -1,4 +1,4 @@
-//! The peer policy's rules for the host's own addresses, through
+//! The peer policy's rules for the host's own addresses and for 6to4 and Teredo peers, through
 //! the snapshot every check goes through (CreatePermission, ChannelBind, Send, each datagram).
 
 use std::net::{IpAddr, SocketAddr};
@@ -87,5 +87,42 @@ fn every_snapshot_refuses_the_addresses_this_host_has() {
         let exact = format!("\"{ip}\"");
         let listed = snapshot(&exact, None);
         assert_eq!(verdict(&listed, &ip.to_string()), (true, true), "{ip}");
+    }
+}
+
+/// A 6to4 or Teredo peer is an IPv6 destination reached through an IPv4 address: an IPv6
+/// endpoint must admit the address and the IPv4 address must be permitted as well.
+#[test]
+fn six_to_four_and_teredo_peers_are_judged_as_ipv6_and_by_their_ipv4() {
+    // 2002:a00:1::5 travels through 10.0.0.1; 2002:7f00:1::5 through 127.0.0.1; the Teredo
+    // address through 127.0.0.1 (its last 32 bits inverted), the other through 10.0.0.1.
+    let teredo_loop = "2001:0:4136:e378:8000:63bf:80ff:fffe";
+    let teredo_ten = "2001:0:4136:e378:8000:63bf:f5ff:fffe";
+    let cases: &[(&str, &str, bool)] = &[
+        // The IPv4 address alone no longer admits an IPv6 destination.
+        ("0.0.0.0/0", "2002:a00:1::5", false),
+        ("10.0.0.0/8", "2002:a00:1::5", false),
+        ("0.0.0.0/0", teredo_ten, false),
+        // The IPv6 address alone does not either: it travels through 10.0.0.1.
+        ("\"::/0\"", "2002:a00:1::5", false),
+        ("\"2002::/16\"", "2002:a00:1::5", false),
+        ("\"::/0\"", teredo_ten, false),
+        // Both.
+        ("10.0.0.0/8, \"::/0\"", "2002:a00:1::5", true),
+        ("10.0.0.1, \"2002:a00:1::/48\"", "2002:a00:1::5", true),
+        ("0.0.0.0/0, \"::/0\"", teredo_ten, true),
+        // Never through loopback, whatever the IPv6 ranges.
+        ("0.0.0.0/0, \"::/0\"", "2002:7f00:1::5", false),
+        ("0.0.0.0/0, \"::/0\"", teredo_loop, false),
+        // Unless loopback is named too.
+        ("127.0.0.1, \"::/0\"", "2002:7f00:1::5", true),
+        // Ordinary IPv6 and the reduced forms are unchanged.
+        ("\"::/0\"", "2001:db8::1", true),
+        ("10.0.0.0/8", "::ffff:10.0.0.1", true),
+        ("10.0.0.0/8", "64:ff9b::a00:1", true),
+    ];
+    for &(endpoints, peer, want) in cases {
+        let snap = snapshot(endpoints, Some(&[]));
+        assert_eq!(verdict(&snap, peer), (want, want), "{endpoints} -> {peer}");
     }
 }
