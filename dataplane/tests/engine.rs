@@ -334,7 +334,7 @@ fn unauthenticated_allocate() -> Vec<u8> {
 }
 
 #[test]
-fn challenges_to_one_source_ip_are_rate_limited_on_udp_only() {
+fn challenges_to_one_source_ip_are_rate_limited_on_udp() {
     let mut h = Harness::with(&config(STATIC_AUTH), |c| {
         c.limits.challenge_rate = 10;
         c.limits.challenge_burst = 5;
@@ -374,23 +374,59 @@ fn challenges_to_one_source_ip_are_rate_limited_on_udp_only() {
     let binding = Message::builder_request(BINDING, MessageWriteVec::new()).finish();
     assert_eq!(h.request(CLIENT, &binding).class(), MessageClass::Success);
     assert_eq!(h.engine.allocation_count(), 0);
-    // DTLS (and TCP/TLS) sources proved their address with a handshake: not limited.
-    let mut dtls = h.snap.listeners[0].clone();
-    dtls.protocol = uturn_shared::config::ListenerProtocol::TurnDtls;
-    for _ in 0..20 {
-        let action = h.engine.handle_client(
-            h.now,
-            &h.snap,
-            ListenerRef {
-                id: ListenerId(2),
-                spec: &dtls,
-            },
-            CLIENT.parse().unwrap(),
-            &req,
-            &mut h.out,
-        );
-        assert!(matches!(action, ClientAction::Reply(_)), "{action:?}");
+}
+
+#[test]
+fn challenges_to_one_source_ip_are_rate_limited_on_streams_and_dtls_too() {
+    use uturn_shared::config::ListenerProtocol;
+    let mut h = Harness::with(&config(STATIC_AUTH), |c| {
+        c.limits.challenge_rate = 10;
+        c.limits.challenge_burst = 5;
+    });
+    let req = unauthenticated_allocate();
+    // A TCP, TLS or DTLS client that pipelines unauthenticated Allocates and never answers a
+    // challenge gets the burst, then drops (issue #18 point 2), each source IP on its own.
+    for (i, protocol) in [
+        ListenerProtocol::TurnTcp,
+        ListenerProtocol::TurnTls,
+        ListenerProtocol::TurnDtls,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut spec = h.snap.listeners[0].clone();
+        spec.protocol = protocol;
+        let from: SocketAddr = format!("192.0.2.{}:40000", 50 + i).parse().unwrap();
+        let outcomes: Vec<ClientAction> = (0..20)
+            .map(|_| {
+                h.engine.handle_client(
+                    h.now,
+                    &h.snap,
+                    ListenerRef {
+                        id: ListenerId(2 + i as u32),
+                        spec: &spec,
+                    },
+                    from,
+                    &req,
+                    &mut h.out,
+                )
+            })
+            .collect();
+        let replies = outcomes
+            .iter()
+            .filter(|a| matches!(a, ClientAction::Reply(_)))
+            .count();
+        let limited = outcomes
+            .iter()
+            .filter(|a| **a == ClientAction::Drop(DropReason::RateLimited))
+            .count();
+        assert_eq!((replies, limited), (5, 15), "{protocol:?}");
     }
+    assert_eq!(
+        h.engine.stats().dropped[DropReason::RateLimited.index()],
+        45
+    );
+    assert_eq!(h.engine.allocation_count(), 0);
 }
 
 fn quota_config(quota: u32) -> String {

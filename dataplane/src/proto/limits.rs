@@ -1,7 +1,8 @@
 //! What a client may cost before and after it authenticates.
 //!
 //! - [`ChallengeLimiter`]: a token bucket per source IP for the 401/438 challenges sent on
-//!   TURN-UDP, so a spoofed source cannot turn the server into a reflection amplifier. The
+//!   every transport, so a spoofed UDP source cannot turn the server into a reflection
+//!   amplifier, nor a stream client that pipelines requests get challenges without end. The
 //!   buckets live in a fixed table indexed by a keyed hash of the IP: no address is stored and
 //!   nothing grows with the number of sources (sources whose hashes collide share a budget).
 //! - [`AllocationLedger`]: allocations held per user-id and in all, shared by the shards. It is
@@ -17,7 +18,7 @@ use std::time::Instant;
 /// Buckets in a [`ChallengeLimiter`] table (8 bytes each).
 pub const CHALLENGE_BUCKETS: usize = 16_384;
 
-/// Default challenges per second per source IP on TURN-UDP.
+/// Default challenges per second per source IP (all transports).
 pub const DEFAULT_CHALLENGE_RATE: u32 = 200;
 /// Default challenges a source IP may get at once.
 pub const DEFAULT_CHALLENGE_BURST: u32 = 2_000;
@@ -29,7 +30,7 @@ pub const DEFAULT_MAX_PERMISSIONS: usize = 256;
 /// Limits that do not come from the config file (flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// 401/438 challenges per second per source IP on TURN-UDP; 0 turns the limit off.
+    /// 401/438 challenges per second per source IP, on every transport; 0 turns the limit off.
     pub challenge_rate: u32,
     /// Challenges a source may get at once before the rate applies.
     pub challenge_burst: u32,

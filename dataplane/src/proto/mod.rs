@@ -40,7 +40,6 @@ use turn_types::attribute::{
 };
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, REFRESH, SEND};
 use turn_types::AddressFamily;
-use uturn_shared::config::ListenerProtocol;
 use uturn_shared::snapshot::{canonical_ip, ClusterId, ListenerSpec, Snapshot};
 use wire::{ErrorReply, ResponseWriter};
 
@@ -180,7 +179,7 @@ pub enum DropReason {
     NotAdmitted,
     /// The output buffer was too small (our bug).
     Internal,
-    /// A 401/438 challenge not sent: its source IP spent its challenge budget (TURN-UDP).
+    /// A 401/438 challenge not sent: its source IP spent its challenge budget.
     RateLimited,
 }
 
@@ -504,12 +503,11 @@ impl Engine {
         let authed = match self.authenticate(now, snap, from, msg) {
             Ok(authed) => authed,
             Err(reply) => {
-                // Challenges are the one reply an unauthenticated (possibly spoofed) source
-                // gets larger than its request: budget them per source IP on UDP.
-                if matches!(reply.code, 401 | 438)
-                    && listener.spec.protocol == ListenerProtocol::TurnUdp
-                    && !self.challenges.allow(from.ip(), now)
-                {
+                // Challenges are the one reply an unauthenticated source gets larger than its
+                // request: budget them per source IP. On UDP the source may be spoofed (a
+                // reflection); on TCP, TLS and DTLS it is not, but a client that pipelines
+                // requests and never authenticates must not get answers without end either.
+                if matches!(reply.code, 401 | 438) && !self.challenges.allow(from.ip(), now) {
                     return ClientAction::Drop(self.dropped(DropReason::RateLimited));
                 }
                 return self.reply_error(msg, reply, None, out);
