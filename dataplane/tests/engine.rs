@@ -1197,3 +1197,47 @@ fn malformed_datagrams_are_dropped_and_counted() {
     assert_eq!(h.engine.allocation_count(), 0);
     allocate(&mut h);
 }
+
+/// The transaction ids of `count` Data indications relayed from PEER to an allocation.
+fn data_indication_txids(h: &mut Harness, count: usize) -> Vec<u128> {
+    let (mut c, _) = allocate(h);
+    let permitted = c.call(h, CREATE_PERMISSION, &peer_attr(PEER));
+    assert_eq!(permitted.class(), MessageClass::Success);
+    (0..count)
+        .map(|_| {
+            let (action, bytes) = h.peer(RelayId(0), PEER, b"media");
+            assert!(matches!(action, PeerAction::ToClient { .. }), "{action:?}");
+            let msg = Message::from_bytes(&bytes).unwrap();
+            assert_eq!(msg.method(), DATA);
+            u128::from(msg.transaction_id())
+        })
+        .collect()
+}
+
+#[test]
+fn data_indication_txids_are_random_and_unrelated_to_the_nonce_key() {
+    // Two shards of one process share the nonce key ([42; 32] in both harnesses).
+    let mut shard0 = Harness::new(STATIC_AUTH);
+    let mut shard1 = Harness::new(STATIC_AUTH);
+    let ids0 = data_indication_txids(&mut shard0, 500);
+    let ids1 = data_indication_txids(&mut shard1, 500);
+    // No repeats, within a shard or across shards.
+    let all: std::collections::HashSet<u128> = ids0.iter().chain(&ids1).copied().collect();
+    assert_eq!(all.len(), 1000);
+    // Every one of the 96 bits varies as a fair coin's would (500 draws: 250 ± 11 each; the
+    // bound is ±6.8 sigma), so no bit is a constant such as a bit of the nonce key.
+    let key_bits = u128::from_be_bytes([42; 16]) >> 32;
+    for ids in [&ids0, &ids1] {
+        for bit in 0..96 {
+            let ones = ids.iter().filter(|&&id| id >> bit & 1 == 1).count();
+            assert!((175..=325).contains(&ones), "bit {bit}: {ones} of 500");
+        }
+        // Consecutive ids differ in about half their bits, not in a few low ones (a counter).
+        let close = ids
+            .windows(2)
+            .filter(|w| (w[0] ^ w[1]).count_ones() < 16)
+            .count();
+        assert_eq!(close, 0);
+        assert!(ids.iter().all(|&id| id != key_bits));
+    }
+}

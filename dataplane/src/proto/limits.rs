@@ -63,7 +63,8 @@ pub struct ChallengeLimiter {
     rate: u32,
     burst: u32,
     epoch: Instant,
-    hasher: foldhash::quality::RandomState,
+    /// SipHash under keys from the OS: sources cannot be chosen to share a victim's bucket.
+    hasher: std::collections::hash_map::RandomState,
     buckets: Box<[Bucket]>,
 }
 
@@ -76,7 +77,7 @@ impl ChallengeLimiter {
             rate,
             burst: burst.max(1),
             epoch,
-            hasher: foldhash::quality::RandomState::default(),
+            hasher: std::collections::hash_map::RandomState::new(),
             buckets: vec![Bucket::default(); size].into_boxed_slice(),
         }
     }

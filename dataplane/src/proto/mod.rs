@@ -21,6 +21,8 @@ pub use limits::{AllocationLedger, Limits};
 pub use nonce::{NonceCheck, NonceIssuer, NONCE_LIFETIME_SECS};
 
 use foldhash::fast::RandomState;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
@@ -325,7 +327,9 @@ pub struct Engine {
     pending: Option<PendingAllocate>,
     closes: Vec<RelayId>,
     next_sweep: Option<Instant>,
-    indication_counter: u64,
+    /// Transaction ids of Data indications: a CSPRNG of this engine's own, seeded from the
+    /// OS, so the ids reveal nothing of the nonce key nor repeat another shard's.
+    indication_txids: StdRng,
     stats: EngineStats,
     denial_log: ratelimit::LogLimiter,
     challenges: limits::ChallengeLimiter,
@@ -348,7 +352,7 @@ impl Engine {
             pending: None,
             closes: Vec::new(),
             next_sweep: None,
-            indication_counter: 0,
+            indication_txids: StdRng::from_entropy(),
             stats: EngineStats::default(),
             denial_log: ratelimit::LogLimiter::default(),
         }
@@ -1064,8 +1068,8 @@ impl Engine {
             Ok(cluster) => cluster,
             Err(reason) => return PeerAction::Drop(self.dropped(reason)),
         };
-        self.indication_counter += 1;
-        let txid = indication_txid(&self.config.nonce_key, self.indication_counter);
+        // RFC 8489 §6: a transaction id is uniformly random; 96 of the generator's bits.
+        let txid = TransactionId::from(self.indication_txids.gen::<u128>() >> 32);
         match wire::data_indication(txid, peer, &buf[PEER_HEADROOM..PEER_HEADROOM + len], out) {
             Some(n) => PeerAction::ToClient {
                 listener,
@@ -1290,14 +1294,6 @@ fn requested_lifetime(msg: &Message<'_>) -> Option<Duration> {
     } else {
         DEFAULT_ALLOCATION_LIFETIME
     })
-}
-
-/// A unique, unpredictable transaction id for a Data indication, without a random source.
-fn indication_txid(key: &[u8; 32], counter: u64) -> TransactionId {
-    let mut salt = [0u8; 16];
-    salt.copy_from_slice(&key[16..]);
-    let mixed = u128::from_be_bytes(salt) ^ u128::from(counter).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    TransactionId::from(mixed & ((1u128 << 96) - 1))
 }
 
 #[cfg(test)]

@@ -312,7 +312,7 @@ fn main() -> ExitCode {
         .filter(|n: &usize| *n > 0)
         .unwrap_or_else(usable_cpus);
     let mut nonce_key = [0u8; 32];
-    rand::Rng::fill(&mut rand::thread_rng(), &mut nonce_key[..]);
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce_key);
     let choice = match cli.io_engine.as_str() {
         "uring" => EngineChoice::Uring,
         "epoll" => EngineChoice::Epoll,
