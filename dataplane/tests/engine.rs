@@ -1241,3 +1241,109 @@ fn data_indication_txids_are_random_and_unrelated_to_the_nonce_key() {
         assert!(ids.iter().all(|&id| id != key_bits));
     }
 }
+
+/// `signed` with an attribute of type `atype` appended after its MESSAGE-INTEGRITY (the
+/// header's length grows to cover it; the integrity stays valid for what it covered).
+fn append_after_integrity(signed: &[u8], atype: u16, value: &[u8]) -> Vec<u8> {
+    let mut data = signed.to_vec();
+    data.extend_from_slice(&atype.to_be_bytes());
+    data.extend_from_slice(&(value.len() as u16).to_be_bytes());
+    data.extend_from_slice(value);
+    data.resize(data.len().next_multiple_of(4), 0);
+    let length = (data.len() - 20) as u16;
+    data[2..4].copy_from_slice(&length.to_be_bytes());
+    data
+}
+
+#[test]
+fn attributes_after_message_integrity_are_ignored() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let (mut c, _) = allocate(&mut h);
+    let lifetime = |secs: u32| {
+        move |m: &mut MessageWriteVec, _: TransactionId| {
+            m.add_attribute(&Lifetime::new(secs)).unwrap();
+        }
+    };
+    // Refresh for 300 s, with a LIFETIME 0 (delete) appended after the integrity.
+    let signed = c.build(REFRESH, TransactionId::generate(), &lifetime(300), true);
+    let reply = h.request(
+        CLIENT,
+        &append_after_integrity(&signed, Lifetime::TYPE.value(), &0u32.to_be_bytes()),
+    );
+    assert_eq!(reply.class(), MessageClass::Success);
+    assert_eq!(reply.msg().attribute::<Lifetime>().unwrap().seconds(), 300);
+    assert_eq!(h.engine.allocation_count(), 1);
+    // A Refresh with no LIFETIME and one appended: the default (600 s), not the appended 60.
+    let signed = c.build(REFRESH, TransactionId::generate(), &|_, _| {}, true);
+    let reply = h.request(
+        CLIENT,
+        &append_after_integrity(&signed, Lifetime::TYPE.value(), &60u32.to_be_bytes()),
+    );
+    assert_eq!(reply.msg().attribute::<Lifetime>().unwrap().seconds(), 600);
+    // A CreatePermission for one peer with another appended: only the first is installed.
+    let signed = c.build(
+        CREATE_PERMISSION,
+        TransactionId::generate(),
+        &peer_attr("10.0.0.1:5000"),
+        true,
+    );
+    let txid = Message::from_bytes(&signed).unwrap().transaction_id();
+    let appended = {
+        // XOR-PEER-ADDRESS 10.0.0.2:5000 under the request's transaction id.
+        let mut m = Message::builder(
+            MessageType::from_class_method(MessageClass::Request, CREATE_PERMISSION),
+            txid,
+            MessageWriteVec::new(),
+        );
+        m.add_attribute(&XorPeerAddress::new("10.0.0.2:5000".parse().unwrap(), txid))
+            .unwrap();
+        m.finish()[24..].to_vec()
+    };
+    let reply = h.request(
+        CLIENT,
+        &append_after_integrity(&signed, XorPeerAddress::TYPE.value(), &appended),
+    );
+    assert_eq!(reply.class(), MessageClass::Success);
+    assert!(matches!(
+        h.peer(RelayId(0), "10.0.0.1:5000", b"x").0,
+        PeerAction::ToClient { .. }
+    ));
+    assert_eq!(
+        h.peer(RelayId(0), "10.0.0.2:5000", b"x").0,
+        PeerAction::Drop(DropReason::NoPermission)
+    );
+    // A ChannelBind whose CHANNEL-NUMBER comes after the integrity lacks one: 400.
+    let signed = c.build(
+        CHANNEL_BIND,
+        TransactionId::generate(),
+        &peer_attr("10.0.0.1:5000"),
+        true,
+    );
+    let reply = h.request(
+        CLIENT,
+        &append_after_integrity(&signed, ChannelNumber::TYPE.value(), &[0x40, 0, 0, 0]),
+    );
+    assert_eq!(reply.error_code(), Some(400));
+    // An Allocate whose REQUESTED-TRANSPORT comes after the integrity lacks one: 400, and a
+    // LIFETIME there does not set the allocation's.
+    let mut other = Client::new("user1", "pass1");
+    let from = "192.0.2.77:4000";
+    let challenge = h.request(
+        from,
+        &other.build(ALLOCATE, TransactionId::generate(), &|_, _| {}, false),
+    );
+    other.learn(&challenge);
+    let signed = other.build(ALLOCATE, TransactionId::generate(), &|_, _| {}, true);
+    let reply = h.request(
+        from,
+        &append_after_integrity(&signed, RequestedTransport::TYPE.value(), &[17, 0, 0, 0]),
+    );
+    assert_eq!(reply.error_code(), Some(400));
+    let signed = other.build(ALLOCATE, TransactionId::generate(), &udp, true);
+    let reply = h.request(
+        from,
+        &append_after_integrity(&signed, Lifetime::TYPE.value(), &60u32.to_be_bytes()),
+    );
+    assert_eq!(reply.class(), MessageClass::Success);
+    assert_eq!(reply.msg().attribute::<Lifetime>().unwrap().seconds(), 600);
+}
