@@ -1,13 +1,17 @@
 //! The admin HTTP servers: health checks at `admin.healthcheck_endpoint` (`/live`, `/ready`,
 //! `/status`, byte for byte as stunnerd answers them, stunnerd.md §5: paths match exactly and
 //! accept any method, anything else is a 404) and Prometheus metrics at
-//! `admin.metrics_endpoint`. One small HTTP/1.1 responder serves both; every answer closes the
-//! connection.
+//! `admin.metrics_endpoint`. One small HTTP/1.1 responder ([`crate::http`]) serves both; every
+//! answer closes the connection.
 
+use crate::http::{parse_request, render_response, Request};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+pub use crate::http::{not_found, Answer, PROMETHEUS};
 
 /// What the health server reports; filled in by the control loop.
 pub trait HealthSource: Send + Sync {
@@ -17,40 +21,55 @@ pub trait HealthSource: Send + Sync {
     fn status_json(&self) -> String;
 }
 
-/// An answer: status code, content type and body.
-pub type Answer = (u16, &'static str, String);
-
 /// Maps a request path (query stripped) to its answer.
 pub type Handler = Arc<dyn Fn(&[u8]) -> Answer + Send + Sync>;
 
-const JSON: &str = "application/json; charset=utf-8";
-const TEXT: &str = "text/plain; charset=utf-8";
-/// The content type of the Prometheus text exposition format.
-pub const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
-const MAX_REQUEST: usize = 8 << 10;
-
-/// The 404 stunnerd (Go's mux) answers.
-pub fn not_found() -> Answer {
-    (404, TEXT, "404 page not found\n".to_string())
-}
-
 /// The health-check routes over `source`.
 pub fn health_handler(source: Arc<dyn HealthSource>) -> Handler {
-    Arc::new(move |path| match path {
-        b"/live" => (200, JSON, "{}\n".to_string()),
-        b"/ready" if source.ready() => (
-            200,
-            JSON,
-            "{\"status\":200,\"message\":\"READY\"}\n".to_string(),
-        ),
-        b"/ready" => (
-            503,
-            JSON,
-            "{\"status\":503,\"message\":\"stunnerd not ready\"}\n".to_string(),
-        ),
-        b"/status" => (200, JSON, source.status_json() + "\n"),
-        _ => not_found(),
+    Arc::new(move |path| {
+        crate::http::health_route(path, || source.ready(), || source.status_json())
     })
+}
+
+/// Opens the listening socket of an admin server on `addr`. A wildcard address (an empty host,
+/// `0.0.0.0` or `[::]`) listens dual-stack on `[::]` with IPV6_V6ONLY off, as Go's
+/// `net.Listen("tcp", ":8086")` does in stunnerd, so that kubelet probes reach it on IPv4-only,
+/// dual-stack and IPv6-only clusters alike; where the host has no IPv6 it falls back to
+/// `0.0.0.0`. Returns the socket and the address it is bound to.
+pub fn bind(addr: SocketAddr) -> std::io::Result<(std::net::TcpListener, SocketAddr)> {
+    if addr.ip().is_unspecified() {
+        let any6 = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), addr.port());
+        match bind_socket(any6, Some(false)) {
+            Ok(listener) => return Ok((listener, any6)),
+            // Only a missing IPv6 stack falls back: a port in use is in use on both.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL | libc::EPROTONOSUPPORT)
+                ) =>
+            {
+                tracing::debug!(target: "stunnerd", "no IPv6 for {any6} ({e}): listening on IPv4 only");
+            }
+            Err(e) => return Err(e),
+        }
+        let any4 = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), addr.port());
+        return bind_socket(any4, None).map(|l| (l, any4));
+    }
+    bind_socket(addr, None).map(|l| (l, addr))
+}
+
+fn bind_socket(addr: SocketAddr, only_v6: Option<bool>) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    if let Some(only_v6) = only_v6 {
+        socket.set_only_v6(only_v6)?;
+    }
+    // As Go's listeners: a restarted server rebinds a port with connections in TIME_WAIT.
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(128)?;
+    Ok(socket.into())
 }
 
 /// Serves `handler` on `listener` until the task is dropped.
@@ -73,26 +92,19 @@ async fn answer(
 ) -> std::io::Result<()> {
     let mut request = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+    let path = loop {
+        match parse_request(&request) {
+            Request::Complete { path } => break path,
+            Request::TooLarge => return Ok(()),
+            Request::Incomplete => {}
+        }
         let n = stream.read(&mut buf).await?;
-        if n == 0 || request.len() + n > MAX_REQUEST {
+        if n == 0 {
             return Ok(());
         }
         request.extend_from_slice(&buf[..n]);
-    }
-    let line = request.split(|&b| b == b'\r').next().unwrap_or_default();
-    let target = line.split(|&b| b == b' ').nth(1).unwrap_or_default();
-    let path = target.split(|&b| b == b'?').next().unwrap_or_default();
-    let (status, content_type, body) = handler(path);
-    let reason = match status {
-        200 => "OK",
-        503 => "Service Unavailable",
-        _ => "Not Found",
     };
-    let response = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
+    let response = render_response(&handler(path));
+    stream.write_all(&response).await?;
     stream.shutdown().await
 }

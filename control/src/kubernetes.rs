@@ -4,7 +4,7 @@
 //! plus the Service's ClusterIPs.
 
 use crate::state::{ServiceChange, SliceAddresses};
-use crate::Event;
+use crate::{Event, ServiceWatch};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -38,6 +38,97 @@ pub struct KubeOptions {
     pub insecure_skip_tls_verify: bool,
     /// `--tls-server-name`.
     pub tls_server_name: Option<String>,
+    /// `--certificate-authority`: a PEM file of CAs for the API server, overriding the
+    /// kubeconfig's (re-read as it changes).
+    pub certificate_authority: Option<PathBuf>,
+    /// `--client-certificate`: a PEM client certificate file, overriding the kubeconfig's.
+    pub client_certificate: Option<PathBuf>,
+    /// `--client-key`: the PEM key file of `--client-certificate`.
+    pub client_key: Option<PathBuf>,
+    /// `--as`: the user to impersonate.
+    pub impersonate: Option<String>,
+    /// `--as-group`: the groups to impersonate (repeatable).
+    pub impersonate_groups: Vec<String>,
+    /// `--as-uid`: the UID to impersonate.
+    pub impersonate_uid: Option<String>,
+    /// `--request-timeout`: bounds connecting to the API server and sending a request (a
+    /// watch that stays open is not cut by it).
+    pub request_timeout: Option<Duration>,
+}
+
+impl KubeOptions {
+    /// Checks what can be checked before the first connection: the files the flags name are
+    /// readable. The error names the flag, the value and the fix.
+    pub fn check(&self) -> Result<(), String> {
+        for (flag, path) in [
+            ("--certificate-authority", &self.certificate_authority),
+            ("--client-certificate", &self.client_certificate),
+            ("--client-key", &self.client_key),
+        ] {
+            if let Some(path) = path {
+                std::fs::metadata(path)
+                    .and_then(|m| {
+                        if m.is_file() {
+                            std::fs::File::open(path).map(|_| ())
+                        } else {
+                            Err(std::io::Error::other("not a file"))
+                        }
+                    })
+                    .map_err(|e| {
+                        format!(
+                            "{flag} {:?}: cannot read it: {e}; name a readable PEM file",
+                            path.display().to_string()
+                        )
+                    })?;
+            }
+        }
+        if self.client_certificate.is_some() != self.client_key.is_some() {
+            return Err(
+                "--client-certificate and --client-key go together: give both, or neither".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Parses `--request-timeout` as kubectl does: `0` is no timeout, a bare integer is seconds,
+/// otherwise a Go duration such as `5s`, `1m30s` or `500ms`.
+pub fn parse_request_timeout(value: &str) -> Result<Option<Duration>, String> {
+    let bad = || {
+        format!(
+            "--request-timeout {value:?} is not a duration; use e.g. 30s, 1m or 500ms (0: no timeout)"
+        )
+    };
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Ok((seconds > 0).then(|| Duration::from_secs(seconds)));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = value;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let number: f64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        total += Duration::try_from_secs_f64(number * unit).map_err(|_| bad())?;
+    }
+    Ok((!total.is_zero()).then_some(total))
 }
 
 /// Builds a kube-rs client from `options`.
@@ -82,18 +173,45 @@ pub async fn client(options: &KubeOptions) -> Result<Client, String> {
     if let Some(name) = &options.tls_server_name {
         config.tls_server_name = Some(name.clone());
     }
+    if let Some(ca) = &options.certificate_authority {
+        config.root_cert_file = Some(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&options.client_certificate, &options.client_key) {
+        config.auth_info.client_certificate = Some(cert.display().to_string());
+        config.auth_info.client_certificate_data = None;
+        config.auth_info.client_key = Some(key.display().to_string());
+        config.auth_info.client_key_data = None;
+    }
+    if let Some(user) = &options.impersonate {
+        config.auth_info.impersonate = Some(user.clone());
+    }
+    if !options.impersonate_groups.is_empty() {
+        config.auth_info.impersonate_groups = Some(options.impersonate_groups.clone());
+    }
+    if let Some(uid) = &options.impersonate_uid {
+        config.auth_info.impersonate_uid = Some(uid.clone());
+    }
+    if let Some(timeout) = options.request_timeout {
+        config.connect_timeout = Some(timeout);
+        config.write_timeout = Some(timeout);
+    }
     Client::try_from(config).map_err(|e| format!("cannot create Kubernetes client: {e}"))
 }
 
 /// Watches the Service `<namespace>/<name>` (its slices and itself) and sends what changes
-/// as [`ServiceChange`]s keyed `<namespace>/<name>`, until the receiver goes away.
+/// as [`ServiceChange`]s keyed `<namespace>/<name>` and tagged with `watch`, until the
+/// receiver goes away.
 pub async fn watch_service(
     namespace: String,
     name: String,
+    watch: u64,
     options: KubeOptions,
     events: UnboundedSender<Event>,
 ) {
-    let key = format!("{namespace}/{name}");
+    let key = ServiceWatch {
+        key: format!("{namespace}/{name}"),
+        watch,
+    };
     let client = loop {
         match client(&options).await {
             Ok(client) => break client,
@@ -117,7 +235,7 @@ pub async fn watch_service(
 
 /// Tracks whether the API server answers, logging each transition once.
 struct ApiHealth<'a> {
-    key: &'a str,
+    key: &'a ServiceWatch,
     what: &'static str,
     failing: bool,
 }
@@ -127,10 +245,7 @@ impl ApiHealth<'_> {
         if self.failing {
             self.failing = false;
             tracing::info!(target: "k8s", "Kubernetes API reachable again: watching {} of Service {}", self.what, self.key);
-            let _ = events.send(Event::Service(
-                self.key.to_string(),
-                ServiceChange::Api(None),
-            ));
+            let _ = events.send(Event::Service(self.key.clone(), ServiceChange::Api(None)));
         }
     }
 
@@ -145,7 +260,7 @@ impl ApiHealth<'_> {
             );
         }
         let _ = events.send(Event::Service(
-            self.key.to_string(),
+            self.key.clone(),
             ServiceChange::Api(Some(error.to_string())),
         ));
     }
@@ -156,7 +271,7 @@ impl ApiHealth<'_> {
 async fn follow<K>(
     api: Api<K>,
     config: watcher::Config,
-    key: &str,
+    key: &ServiceWatch,
     what: &'static str,
     events: &UnboundedSender<Event>,
     mut translate: impl FnMut(watcher::Event<K>) -> Option<ServiceChange>,
@@ -174,10 +289,7 @@ async fn follow<K>(
             Ok(event) => {
                 health.ok(events);
                 if let Some(change) = translate(event) {
-                    if events
-                        .send(Event::Service(key.to_string(), change))
-                        .is_err()
-                    {
+                    if events.send(Event::Service(key.clone(), change)).is_err() {
                         return;
                     }
                 }
@@ -191,7 +303,7 @@ async fn watch_slices(
     client: Client,
     namespace: &str,
     name: &str,
-    key: &str,
+    key: &ServiceWatch,
     events: &UnboundedSender<Event>,
 ) {
     let api: Api<EndpointSlice> = Api::namespaced(client, namespace);
@@ -231,7 +343,7 @@ async fn watch_cluster_ips(
     client: Client,
     namespace: &str,
     name: &str,
-    key: &str,
+    key: &ServiceWatch,
     events: &UnboundedSender<Event>,
 ) {
     let api: Api<Service> = Api::namespaced(client, namespace);
@@ -304,4 +416,35 @@ pub fn cluster_ips(service: &Service) -> Vec<IpAddr> {
     ips.sort();
     ips.dedup();
     ips
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_timeouts_parse_as_kubectl_does() {
+        assert_eq!(parse_request_timeout("0"), Ok(None));
+        assert_eq!(parse_request_timeout("5"), Ok(Some(Duration::from_secs(5))));
+        assert_eq!(
+            parse_request_timeout("5s"),
+            Ok(Some(Duration::from_secs(5)))
+        );
+        assert_eq!(
+            parse_request_timeout("1m30s"),
+            Ok(Some(Duration::from_secs(90)))
+        );
+        assert_eq!(
+            parse_request_timeout("500ms"),
+            Ok(Some(Duration::from_millis(500)))
+        );
+        for bad in ["", "5x", "s", "-1s", "1.2.3s"] {
+            assert!(
+                parse_request_timeout(bad)
+                    .unwrap_err()
+                    .contains("--request-timeout"),
+                "{bad}"
+            );
+        }
+    }
 }

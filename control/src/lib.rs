@@ -11,6 +11,7 @@ pub mod cds;
 pub mod dns;
 pub mod file;
 pub mod health;
+pub mod http;
 pub mod kubernetes;
 pub mod origin;
 pub mod process;
@@ -20,26 +21,48 @@ use kubernetes::KubeOptions;
 use serde_json::{json, Value};
 use state::{ControlState, ServiceChange, Skipped};
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinHandle;
-use uturn_shared::config::{parse_http_endpoint, ServiceEndpoint, StunnerConfig};
+use uturn_shared::config::{parse_http_endpoint, HttpEndpoint, ServiceEndpoint, StunnerConfig};
 use uturn_shared::snapshot::SnapshotHandle;
 
 /// The default health-check port (`http://:8086`).
 pub const DEFAULT_HEALTHCHECK_PORT: u16 = 8086;
 /// The default metrics port (`http://:8080/metrics`).
 pub const DEFAULT_METRICS_PORT: u16 = 8080;
+/// The default of `--discovery-timeout`: how long `/ready` waits for the first EndpointSlice
+/// list of each watched Service. A healthy API server lists in well under a second, and the
+/// kube-rs watcher retries a failed list within about a second, so 10 s rides out a few
+/// failures; it stays well inside the 30 s a kubelet gives a pod with the usual readiness probe
+/// (period 10 s, failure threshold 3) and keeps a rollout moving when the API server is down.
+pub const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The Service a watch follows, `<namespace>/<service>`, and which watch of it this is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceWatch {
+    /// `<namespace>/<service>`.
+    pub key: String,
+    /// The [`state::ServiceState::watch`] id the watch was started for.
+    pub watch: u64,
+}
+
+impl std::fmt::Display for ServiceWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.key)
+    }
+}
 
 /// Something the control loop must apply.
 #[derive(Debug)]
 pub enum Event {
     /// A new validated config from the watched origin.
     Config(Box<StunnerConfig>),
-    /// A change to a watched Kubernetes Service, keyed `<namespace>/<service>`.
-    Service(String, ServiceChange),
+    /// A change to a watched Kubernetes Service, seen by one watch of it.
+    Service(ServiceWatch, ServiceChange),
     /// The addresses a STRICT_DNS hostname resolves to now.
     Dns(String, Vec<IpAddr>),
     /// Stop following the config origin (graceful shutdown): no later config is applied.
@@ -75,7 +98,17 @@ pub struct ControlConfig {
     pub metrics: Arc<dyn Fn(&mut String) + Send + Sync>,
     /// `--force-ready-status`: `/ready` answers 200 always, also while draining.
     pub force_ready: bool,
+    /// `--discovery-timeout`: how long `/ready` waits for the first full EndpointSlice list of
+    /// each Service a KUBERNETES cluster names (zero: not at all, as stunnerd).
+    pub discovery_timeout: Duration,
+    /// Checks a new config (second argument) against what the dataplane can run, given the
+    /// running one (first): TLS material that loads, ports no one else holds. An error rejects
+    /// the config with that message, and the running config stays.
+    pub check: ConfigCheck,
 }
+
+/// See [`ControlConfig::check`].
+pub type ConfigCheck = Box<dyn Fn(&StunnerConfig, &StunnerConfig) -> Result<(), String> + Send>;
 
 /// The running control thread.
 pub struct Control {
@@ -85,9 +118,11 @@ pub struct Control {
 }
 
 impl Control {
-    /// Starts the control thread.
+    /// Starts the control thread. Fails if an admin server of the initial config cannot
+    /// listen, with a message naming the field, the value and the fix.
     pub fn start(config: ControlConfig) -> std::io::Result<Control> {
         let (events, receiver) = unbounded_channel();
+        let admin = Admin::start(&config).map_err(std::io::Error::other)?;
         let status = Arc::new(StatusBoard {
             allocations: config.allocations.clone(),
             force_ready: config.force_ready,
@@ -100,7 +135,7 @@ impl Control {
         let sender = events.clone();
         let thread = std::thread::Builder::new()
             .name("uturn-control".into())
-            .spawn(move || runtime.block_on(run(config, sender, receiver, board)))?;
+            .spawn(move || runtime.block_on(run(config, admin, sender, receiver, board)))?;
         Ok(Control {
             events,
             status,
@@ -222,6 +257,7 @@ impl StatusBoard {
                     "clusterIPs": s.cluster_ips,
                     "slices": s.slices.len(),
                     "synced": s.synced,
+                    "syncTimedOut": s.sync_timed_out,
                     "api": match &s.api_error {
                         None => "connected".to_string(),
                         Some(e) => format!("unreachable, keeping last known endpoints: {e}"),
@@ -237,7 +273,12 @@ impl StatusBoard {
         if let Ok(mut view) = self.view.lock() {
             view.config = redacted(state.config());
             view.ready = state.ready();
-            view.discovery = json!({"kubernetes": services, "dns": dns});
+            view.discovery = json!({
+                "kubernetes": services,
+                "dns": dns,
+                "readyWaitsFor": state.waiting_for(),
+                "timeoutSeconds": state.discovery_timeout().as_secs_f64(),
+            });
         }
     }
 }
@@ -246,29 +287,23 @@ impl StatusBoard {
 #[derive(Default)]
 struct Tasks {
     source: Option<JoinHandle<()>>,
-    services: BTreeMap<String, JoinHandle<()>>,
+    /// Service key → the watch id it runs for, and its task.
+    services: BTreeMap<String, (u64, JoinHandle<()>)>,
     dns: BTreeMap<String, JoinHandle<()>>,
-    health: Option<(String, JoinHandle<()>)>,
-    metrics: Option<(String, JoinHandle<()>)>,
 }
 
 impl Tasks {
-    fn sync(
-        &mut self,
-        state: &ControlState,
-        events: &UnboundedSender<Event>,
-        kube: &KubeOptions,
-        board: &Arc<StatusBoard>,
-        metrics: &Arc<dyn Fn(&mut String) + Send + Sync>,
-    ) {
-        self.services.retain(|key, task| {
-            let keep = state.services().contains_key(key);
+    fn sync(&mut self, state: &ControlState, events: &UnboundedSender<Event>, kube: &KubeOptions) {
+        // A watch only sends changes after its first list, so a state created anew (the
+        // Service left the config and came back within one batch) needs a watch of its own.
+        self.services.retain(|key, (watch, task)| {
+            let keep = state.services().get(key).is_some_and(|s| s.watch == *watch);
             if !keep {
                 task.abort();
             }
             keep
         });
-        for key in state.services().keys() {
+        for (key, service_state) in state.services() {
             if self.services.contains_key(key) {
                 continue;
             }
@@ -279,10 +314,12 @@ impl Tasks {
             let task = tokio::spawn(kubernetes::watch_service(
                 service.namespace,
                 service.name,
+                service_state.watch,
                 kube.clone(),
                 events.clone(),
             ));
-            self.services.insert(key.clone(), task);
+            self.services
+                .insert(key.clone(), (service_state.watch, task));
         }
         self.dns.retain(|host, task| {
             let keep = state.dns_names().contains_key(host);
@@ -297,87 +334,252 @@ impl Tasks {
                 self.dns.insert(host.clone(), task);
             }
         }
-        let endpoint = state
-            .config()
+    }
+}
+
+/// The two admin HTTP servers.
+struct Admin {
+    health: AdminServer,
+    metrics: AdminServer,
+}
+
+impl Admin {
+    /// Opens the admin servers' sockets for the initial config (they serve once the control
+    /// thread runs).
+    fn start(config: &ControlConfig) -> Result<Admin, String> {
+        let mut admin = Admin {
+            health: AdminServer::new(
+                "health-check",
+                "admin.healthcheck_endpoint",
+                DEFAULT_HEALTHCHECK_PORT,
+            ),
+            metrics: AdminServer::new("metrics", "admin.metrics_endpoint", DEFAULT_METRICS_PORT),
+        };
+        let (health, metrics) = admin_endpoints(&config.initial);
+        admin.health.pending = Some(admin.health.bind(&health)?);
+        admin.metrics.pending = Some(admin.metrics.bind(&metrics)?);
+        Ok(admin)
+    }
+
+    /// Binds what `new` asks for that differs from the running servers; on failure nothing
+    /// changes and the error names the field, the value and the fix.
+    async fn prepare(&mut self, new: &StunnerConfig) -> Result<(), String> {
+        let (health, metrics) = admin_endpoints(new);
+        let prepared = match self.health.prepare(&health).await {
+            Ok(()) => self.metrics.prepare(&metrics).await,
+            Err(e) => Err(e),
+        };
+        if prepared.is_err() {
+            self.rollback();
+        }
+        prepared
+    }
+
+    /// Serves what `prepare` (or `start`) bound.
+    fn commit(
+        &mut self,
+        board: &Arc<StatusBoard>,
+        metrics: &Arc<dyn Fn(&mut String) + Send + Sync>,
+    ) {
+        let source: Arc<dyn health::HealthSource> = board.clone();
+        self.health
+            .commit(move |_path| health::health_handler(source));
+        let dataplane = metrics.clone();
+        self.metrics.commit(move |path| {
+            let path = path.into_bytes();
+            Arc::new(move |request: &[u8]| {
+                if request != path.as_slice() {
+                    return health::not_found();
+                }
+                let mut body = String::with_capacity(4096);
+                dataplane(&mut body);
+                process::render(&mut body);
+                (200, health::PROMETHEUS, body)
+            })
+        });
+    }
+
+    fn rollback(&mut self) {
+        self.health.rollback();
+        self.metrics.rollback();
+    }
+}
+
+/// The health-check and metrics endpoints of `config` ("" when off).
+fn admin_endpoints(config: &StunnerConfig) -> (String, String) {
+    (
+        config
             .admin
             .healthcheck_endpoint
             .clone()
-            .unwrap_or_default();
-        if self.health.as_ref().map(|(e, _)| e) != Some(&endpoint) {
-            if let Some((_, task)) = self.health.take() {
-                task.abort();
-            }
-            let source: Arc<dyn health::HealthSource> = board.clone();
-            let task = start_http("health-check", &endpoint, DEFAULT_HEALTHCHECK_PORT, |_| {
-                health::health_handler(source)
-            });
-            self.health = Some((endpoint, task));
+            .unwrap_or_default(),
+        config.admin.metrics_endpoint.clone(),
+    )
+}
+
+/// A socket bound for an admin endpoint, not serving yet.
+struct Bound {
+    endpoint: String,
+    /// `None`: the endpoint is "" (the server is off).
+    socket: Option<(std::net::TcpListener, SocketAddr, HttpEndpoint)>,
+}
+
+/// A running admin server.
+struct Serving {
+    endpoint: HttpEndpoint,
+    task: JoinHandle<()>,
+}
+
+/// One admin HTTP server, kept in step with its config field: a new endpoint is bound before
+/// the config that names it is committed, so a port that cannot be opened rejects the config
+/// and leaves the running server as it was.
+struct AdminServer {
+    what: &'static str,
+    field: &'static str,
+    default_port: u16,
+    /// The endpoint the running server (if any) serves.
+    endpoint: String,
+    serving: Option<Serving>,
+    /// Bound by `prepare`, served by `commit`, dropped by `rollback`.
+    pending: Option<Bound>,
+    /// Whether `prepare` had to stop the running server to bind (same port).
+    stopped: Option<HttpEndpoint>,
+}
+
+impl AdminServer {
+    fn new(what: &'static str, field: &'static str, default_port: u16) -> AdminServer {
+        AdminServer {
+            what,
+            field,
+            default_port,
+            endpoint: String::new(),
+            serving: None,
+            pending: None,
+            stopped: None,
         }
-        let endpoint = state.config().admin.metrics_endpoint.clone();
-        if self.metrics.as_ref().map(|(e, _)| e) != Some(&endpoint) {
-            if let Some((_, task)) = self.metrics.take() {
-                task.abort();
-            }
-            let dataplane = metrics.clone();
-            let task = start_http("metrics", &endpoint, DEFAULT_METRICS_PORT, move |path| {
-                let path = path.into_bytes();
-                Arc::new(move |request: &[u8]| {
-                    if request != path.as_slice() {
-                        return health::not_found();
-                    }
-                    let mut body = String::with_capacity(4096);
-                    dataplane(&mut body);
-                    process::render(&mut body);
-                    (200, health::PROMETHEUS, body)
-                })
+    }
+
+    fn bind(&self, endpoint: &str) -> Result<Bound, String> {
+        if endpoint.is_empty() {
+            return Ok(Bound {
+                endpoint: String::new(),
+                socket: None,
             });
-            self.metrics = Some((endpoint, task));
+        }
+        let parsed = parse_http_endpoint(endpoint, self.default_port)
+            .map_err(|e| format!("{} {endpoint:?}: {e}", self.field))?;
+        let (listener, bound) =
+            health::bind(parsed.addr).map_err(|e| self.cannot_listen(endpoint, parsed.addr, &e))?;
+        Ok(Bound {
+            endpoint: endpoint.to_string(),
+            socket: Some((listener, bound, parsed)),
+        })
+    }
+
+    fn cannot_listen(&self, endpoint: &str, addr: SocketAddr, e: &std::io::Error) -> String {
+        format!(
+            "{} {endpoint:?}: the {} server cannot listen on {addr}: {e}; set it to a free \
+             address and port, or \"\" to disable the {} server",
+            self.field, self.what, self.what
+        )
+    }
+
+    async fn prepare(&mut self, endpoint: &str) -> Result<(), String> {
+        self.pending = None;
+        self.stopped = None;
+        if endpoint == self.endpoint {
+            return Ok(());
+        }
+        match self.bind(endpoint) {
+            Ok(bound) => {
+                self.pending = Some(bound);
+                Ok(())
+            }
+            Err(e) => {
+                // The running server itself may hold the port (another path, or a wildcard
+                // and a specific address): stop it and try once more, restoring it on failure.
+                let own_port = self.serving.as_ref().map(|s| s.endpoint.addr.port());
+                let wanted = parse_http_endpoint(endpoint, self.default_port).ok();
+                let Some(wanted) = wanted.filter(|w| Some(w.addr.port()) == own_port) else {
+                    return Err(e);
+                };
+                let Some(serving) = self.serving.take() else {
+                    return Err(e);
+                };
+                serving.task.abort();
+                // The listener closes when the aborted task is dropped, which awaiting it waits for.
+                let _ = serving.task.await;
+                self.stopped = Some(serving.endpoint);
+                match health::bind(wanted.addr) {
+                    Ok((listener, bound)) => {
+                        self.pending = Some(Bound {
+                            endpoint: endpoint.to_string(),
+                            socket: Some((listener, bound, wanted)),
+                        });
+                        Ok(())
+                    }
+                    Err(again) => Err(self.cannot_listen(endpoint, wanted.addr, &again)),
+                }
+            }
+        }
+    }
+
+    /// Serves the pending socket (if `prepare` or `start` bound one) with what `handler` makes
+    /// for its path, stopping the server it replaces.
+    fn commit(&mut self, handler: impl FnOnce(String) -> health::Handler) {
+        self.stopped = None;
+        let Some(bound) = self.pending.take() else {
+            return;
+        };
+        if let Some(old) = self.serving.take() {
+            old.task.abort();
+        }
+        self.endpoint = bound.endpoint;
+        let Some((listener, addr, endpoint)) = bound.socket else {
+            return;
+        };
+        match tokio::net::TcpListener::from_std(listener) {
+            Ok(listener) => {
+                tracing::info!(target: "stunnerd", "{} server listening on http://{addr}{}", self.what, endpoint.path);
+                let task = tokio::spawn(health::serve(listener, handler(endpoint.path.clone())));
+                self.serving = Some(Serving { endpoint, task });
+            }
+            Err(e) => {
+                tracing::error!(target: "stunnerd", "{} server on {addr} not started: {e}", self.what);
+            }
+        }
+    }
+
+    /// Drops what `prepare` bound; restarts the running server if `prepare` stopped it.
+    fn rollback(&mut self) {
+        self.pending = None;
+        if let Some(endpoint) = self.stopped.take() {
+            match health::bind(endpoint.addr) {
+                Ok((listener, addr)) => {
+                    self.pending = Some(Bound {
+                        endpoint: std::mem::take(&mut self.endpoint),
+                        socket: Some((listener, addr, endpoint)),
+                    });
+                }
+                Err(e) => tracing::error!(
+                    target: "stunnerd",
+                    "the {} server could not reopen {}: {e}", self.what, endpoint.addr
+                ),
+            }
         }
     }
 }
 
-/// Starts the `what` HTTP server on `endpoint` (nothing if empty), with the handler that
-/// `handler` makes for the endpoint's path.
-fn start_http(
-    what: &'static str,
-    endpoint: &str,
-    default_port: u16,
-    handler: impl FnOnce(String) -> health::Handler + Send + 'static,
-) -> JoinHandle<()> {
-    let endpoint = endpoint.to_string();
-    tokio::spawn(async move {
-        if endpoint.is_empty() {
-            return;
-        }
-        let parsed = match parse_http_endpoint(&endpoint, default_port) {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::error!(target: "stunnerd", "{what} server not started: {e}");
-                return;
-            }
-        };
-        match tokio::net::TcpListener::bind(parsed.addr).await {
-            Ok(listener) => {
-                tracing::info!(target: "stunnerd", "{what} server listening on http://{}{}", parsed.addr, parsed.path);
-                health::serve(listener, handler(parsed.path)).await;
-            }
-            Err(e) => tracing::error!(
-                target: "stunnerd",
-                "cannot open the {what} server on {}: {e}; set the admin endpoint to a free address, or \"\" to disable it",
-                parsed.addr
-            ),
-        }
-    })
-}
-
 async fn run(
     config: ControlConfig,
+    mut admin: Admin,
     events: UnboundedSender<Event>,
     mut receiver: UnboundedReceiver<Event>,
     board: Arc<StatusBoard>,
 ) {
     let generation = config.snapshot.load().generation;
-    let mut state = ControlState::new(config.initial, generation);
+    let mut state = ControlState::new(config.initial, generation)
+        .with_discovery_timeout(config.discovery_timeout);
     let mut tasks = Tasks {
         source: match config.source {
             Source::Fixed => None,
@@ -386,18 +588,44 @@ async fn run(
         },
         ..Tasks::default()
     };
+    admin.commit(&board, &config.metrics);
     // Discovery fills in KUBERNETES and STRICT_DNS clusters of the initial config as it lands.
     loop {
-        tasks.sync(&state, &events, &config.kube, &board, &config.metrics);
+        tasks.sync(&state, &events, &config.kube);
+        for (service, why) in state.handle_timeout(std::time::Instant::now()) {
+            tracing::warn!(
+                target: "k8s",
+                "Service {service} not synced within --discovery-timeout ({:?}): {why}; \
+                 ready without its endpoints, which peers get once they are listed",
+                state.discovery_timeout()
+            );
+        }
         board.update(&state);
-        let Some(first) = receiver.recv().await else {
+        let deadline = state.poll_timeout();
+        let first = tokio::select! {
+            event = receiver.recv() => event,
+            _ = tokio::time::sleep_until(deadline.map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std)), if deadline.is_some() => continue,
+        };
+        let Some(first) = first else {
             return;
         };
         let mut next = Some(first);
         while let Some(event) = next.take() {
             match event {
-                Event::Config(new) => apply_config(&mut state, *new, &*config.on_config),
-                Event::Service(key, change) => state.handle_discovery(&key, change),
+                Event::Config(new) => {
+                    apply_config(
+                        &mut state,
+                        &mut admin,
+                        *new,
+                        &*config.check,
+                        &*config.on_config,
+                    )
+                    .await;
+                    admin.commit(&board, &config.metrics);
+                }
+                Event::Service(watch, change) => {
+                    state.handle_discovery(&watch.key, watch.watch, change)
+                }
                 Event::Dns(host, ips) => state.handle_dns(&host, ips),
                 Event::StopWatching => {
                     if let Some(task) = tasks.source.take() {
@@ -417,7 +645,23 @@ async fn run(
     }
 }
 
-fn apply_config(state: &mut ControlState, new: StunnerConfig, on_config: &dyn Fn(&StunnerConfig)) {
+async fn apply_config(
+    state: &mut ControlState,
+    admin: &mut Admin,
+    new: StunnerConfig,
+    check: &(dyn Fn(&StunnerConfig, &StunnerConfig) -> Result<(), String> + Send),
+    on_config: &dyn Fn(&StunnerConfig),
+) {
+    if let Err(e) = check(state.config(), &new) {
+        tracing::error!(target: "stunner", "config rejected: {e}; the running config stays");
+        return;
+    }
+    if new != *state.config() && !new.is_zero() {
+        if let Err(e) = admin.prepare(&new).await {
+            tracing::error!(target: "stunner", "config rejected: {e}; the running config stays");
+            return;
+        }
+    }
     match state.handle_config(new, true) {
         Ok(summary) => {
             tracing::info!(
@@ -437,11 +681,16 @@ fn apply_config(state: &mut ControlState, new: StunnerConfig, on_config: &dyn Fn
             }
             on_config(state.config());
         }
-        Err(Skipped::Duplicate) => {
-            tracing::debug!(target: "stunner", "ignoring a config identical to the running one");
-        }
-        Err(Skipped::Delete) => {
-            tracing::info!(target: "stunner", "Ignoring delete configuration update");
+        Err(skipped) => {
+            admin.rollback();
+            match skipped {
+                Skipped::Duplicate => {
+                    tracing::debug!(target: "stunner", "ignoring a config identical to the running one");
+                }
+                Skipped::Delete => {
+                    tracing::info!(target: "stunner", "Ignoring delete configuration update");
+                }
+            }
         }
     }
 }

@@ -2,11 +2,14 @@
 //! KUBERNETES and STRICT_DNS clusters, and the reconcile rules of stunnerd.md §2.8.
 //!
 //! Call order: feed changes with `handle_config` and `handle_discovery` (any number, a batch),
-//! then `poll_snapshot` once: it builds and returns the next [`Snapshot`] if the batch changed
-//! anything the dataplane sees. `services` and `dns_names` say what the shell must watch.
+//! then `handle_timeout(now)`, then `poll_snapshot` once: it builds and returns the next
+//! [`Snapshot`] if the batch changed anything the dataplane sees. `services` and `dns_names` say
+//! what the shell must watch (a Service's `watch` id changes when its watch must restart), and
+//! `poll_timeout` when to call `handle_timeout` again if no change comes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 use uturn_shared::config::{
     ClusterConfig, ClusterType, ServiceEndpoint, StaticEndpoint, StunnerConfig,
 };
@@ -48,6 +51,13 @@ pub struct ServiceState {
     pub api_error: Option<String>,
     /// Whether a full list has been seen since the watch started.
     pub synced: bool,
+    /// Which watch feeds this state: a state created anew (a Service dropped from the config
+    /// and named again) gets a new id, and changes from an older watch are ignored.
+    pub watch: u64,
+    /// When `handle_timeout` first saw this Service waiting for its first full list.
+    pub waiting_since: Option<Instant>,
+    /// Whether the first full list took longer than the discovery timeout.
+    pub sync_timed_out: bool,
 }
 
 impl ServiceState {
@@ -104,6 +114,11 @@ pub struct ControlState {
     generation: u64,
     dirty: bool,
     ready: bool,
+    /// Whether readiness no longer waits for discovery: once set, it stays (a Service added by
+    /// a later config does not take a serving pod out of its load balancer).
+    settled: bool,
+    discovery_timeout: Duration,
+    next_watch: u64,
 }
 
 impl ControlState {
@@ -116,9 +131,22 @@ impl ControlState {
             dns: BTreeMap::new(),
             generation,
             dirty: false,
+            settled: false,
+            discovery_timeout: Duration::ZERO,
+            next_watch: 1,
         };
         state.sync_watches();
+        state.settle();
         state
+    }
+
+    /// Makes readiness wait up to `timeout` for the first full EndpointSlice list of every
+    /// Service a KUBERNETES cluster names (zero: do not wait, as stunnerd).
+    pub fn with_discovery_timeout(mut self, timeout: Duration) -> ControlState {
+        self.discovery_timeout = timeout;
+        self.settled = false;
+        self.settle();
+        self
     }
 
     /// The running config.
@@ -126,9 +154,78 @@ impl ControlState {
         &self.config
     }
 
-    /// Whether a non-zero config has been applied (stunnerd's readiness).
+    /// Whether `/ready` may answer 200: a non-zero config has been applied (stunnerd's
+    /// readiness) and every Service it names has been listed in full or waited for up to the
+    /// discovery timeout.
     pub fn ready(&self) -> bool {
-        self.ready
+        self.ready && self.settled
+    }
+
+    /// The Services readiness still waits for (empty once ready).
+    pub fn waiting_for(&self) -> Vec<&str> {
+        if self.settled {
+            return Vec::new();
+        }
+        self.services
+            .iter()
+            .filter(|(_, s)| !s.synced && !s.sync_timed_out)
+            .map(|(key, _)| key.as_str())
+            .collect()
+    }
+
+    /// Starts the discovery clock of Services that began waiting and gives up on those that
+    /// waited longer than the discovery timeout: they no longer hold readiness. Returns each
+    /// Service given up on now, with why it is not listed.
+    pub fn handle_timeout(&mut self, now: Instant) -> Vec<(String, String)> {
+        let mut expired = Vec::new();
+        if self.discovery_timeout.is_zero() {
+            return expired;
+        }
+        for (key, state) in &mut self.services {
+            if state.synced || state.sync_timed_out {
+                continue;
+            }
+            let since = *state.waiting_since.get_or_insert(now);
+            if now.saturating_duration_since(since) >= self.discovery_timeout {
+                state.sync_timed_out = true;
+                let why = match &state.api_error {
+                    Some(e) => format!("the Kubernetes API server failed: {e}"),
+                    None => "no complete EndpointSlice list from the Kubernetes API server yet"
+                        .to_string(),
+                };
+                expired.push((key.clone(), why));
+            }
+        }
+        self.settle();
+        expired
+    }
+
+    /// When `handle_timeout` must run next if nothing else happens.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.discovery_timeout.is_zero() {
+            return None;
+        }
+        self.services
+            .values()
+            .filter(|s| !s.synced && !s.sync_timed_out)
+            .filter_map(|s| s.waiting_since)
+            .map(|since| since + self.discovery_timeout)
+            .min()
+    }
+
+    /// The configured discovery timeout.
+    pub fn discovery_timeout(&self) -> Duration {
+        self.discovery_timeout
+    }
+
+    fn settle(&mut self) {
+        if self.ready
+            && !self.settled
+            && (self.discovery_timeout.is_zero()
+                || self.services.values().all(|s| s.synced || s.sync_timed_out))
+        {
+            self.settled = true;
+        }
     }
 
     /// The generation of the last snapshot built.
@@ -155,15 +252,20 @@ impl ControlState {
         }
         self.config = config;
         self.sync_watches();
+        self.settle();
         self.dirty = true;
         Ok(summary)
     }
 
-    /// Applies a change to a watched Service; changes to Services no longer named are ignored.
-    pub fn handle_discovery(&mut self, service: &str, change: ServiceChange) {
+    /// Applies a change that watch `watch` saw for a Service; changes to Services no longer
+    /// named, or from a watch that is no longer theirs, are ignored.
+    pub fn handle_discovery(&mut self, service: &str, watch: u64, change: ServiceChange) {
         let Some(state) = self.services.get_mut(service) else {
             return;
         };
+        if state.watch != watch {
+            return;
+        }
         let before = state.addresses();
         match change {
             ServiceChange::ReplaceSlices(slices) => {
@@ -182,6 +284,7 @@ impl ControlState {
         if state.addresses() != before {
             self.dirty = true;
         }
+        self.settle();
     }
 
     /// Records the addresses `hostname` currently resolves to.
@@ -271,7 +374,14 @@ impl ControlState {
         }
         self.services.retain(|key, _| services.contains(key));
         for key in services {
-            self.services.entry(key).or_default();
+            let next_watch = &mut self.next_watch;
+            self.services.entry(key).or_insert_with(|| {
+                *next_watch += 1;
+                ServiceState {
+                    watch: *next_watch,
+                    ..ServiceState::default()
+                }
+            });
         }
         self.dns.retain(|host, _| hosts.contains(host));
         for host in hosts {
@@ -365,13 +475,15 @@ mod tests {
             1,
         );
         let svc = "media/srv";
-        assert!(state.services().contains_key(svc));
+        let watch = state.services()[svc].watch;
         state.handle_discovery(
             svc,
+            watch,
             ServiceChange::UpsertSlice("a".into(), slice(&["10.0.0.1"])),
         );
         state.handle_discovery(
             svc,
+            watch,
             ServiceChange::UpsertSlice("b".into(), slice(&["10.0.0.1", "10.0.0.2"])),
         );
         let snap = state.poll_snapshot().unwrap();
@@ -384,17 +496,19 @@ mod tests {
         assert!(snap
             .admits(route, "10.0.0.1:9999".parse().unwrap())
             .is_none());
-        state.handle_discovery(svc, ServiceChange::RemoveSlice("b".into()));
+        state.handle_discovery(svc, watch, ServiceChange::RemoveSlice("b".into()));
         let snap = state.poll_snapshot().unwrap();
         let route = snap.route("l").unwrap();
         assert!(snap.permits_ip(route, "10.0.0.1".parse().unwrap()));
         assert!(!snap.permits_ip(route, "10.0.0.2".parse().unwrap()));
         state.handle_discovery(
             svc,
+            watch,
             ServiceChange::ReplaceSlices(BTreeMap::from([("c".into(), slice(&["fd00::5"]))])),
         );
         state.handle_discovery(
             svc,
+            watch,
             ServiceChange::ClusterIps(vec!["10.96.0.9".parse().unwrap()]),
         );
         let snap = state.poll_snapshot().unwrap();
@@ -403,7 +517,7 @@ mod tests {
         assert!(snap.permits_ip(route, "fd00::5".parse().unwrap()));
         assert!(snap.permits_ip(route, "10.96.0.9".parse().unwrap()));
         // An API error alone changes nothing the dataplane sees.
-        state.handle_discovery(svc, ServiceChange::Api(Some("refused".into())));
+        state.handle_discovery(svc, watch, ServiceChange::Api(Some("refused".into())));
         assert!(state.poll_snapshot().is_none());
     }
 
@@ -434,5 +548,89 @@ mod tests {
         );
         assert!(state.handle_config(new, true).is_ok());
         assert!(state.poll_snapshot().is_some());
+    }
+
+    const ONE_SERVICE: &str =
+        "[{name: k, type: KUBERNETES, endpoints: [\"media/srv:<10000-20000>\"]}]";
+
+    #[test]
+    fn readiness_waits_for_the_first_list_up_to_the_timeout() {
+        let timeout = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let mut state =
+            ControlState::new(config(ONE_SERVICE, "r"), 1).with_discovery_timeout(timeout);
+        assert!(!state.ready(), "ready before the Service was listed");
+        assert_eq!(state.waiting_for(), vec!["media/srv"]);
+        assert!(state.handle_timeout(t0).is_empty());
+        assert_eq!(state.poll_timeout(), Some(t0 + timeout));
+        let watch = state.services()["media/srv"].watch;
+        state.handle_discovery(
+            "media/srv",
+            watch,
+            ServiceChange::UpsertSlice("a".into(), slice(&["10.0.0.1"])),
+        );
+        assert!(!state.ready(), "a single change is not a complete list");
+        state.handle_discovery(
+            "media/srv",
+            watch,
+            ServiceChange::ReplaceSlices(BTreeMap::new()),
+        );
+        assert!(state.ready());
+        assert_eq!(state.poll_timeout(), None);
+
+        let mut state =
+            ControlState::new(config(ONE_SERVICE, "r"), 1).with_discovery_timeout(timeout);
+        let watch = state.services()["media/srv"].watch;
+        state.handle_discovery(
+            "media/srv",
+            watch,
+            ServiceChange::Api(Some("connection refused".into())),
+        );
+        assert!(state.handle_timeout(t0).is_empty());
+        assert!(state.handle_timeout(t0 + timeout / 2).is_empty());
+        assert!(!state.ready());
+        let expired = state.handle_timeout(t0 + timeout);
+        assert_eq!(expired.len(), 1);
+        assert!(expired[0].1.contains("connection refused"), "{expired:?}");
+        assert!(state.ready(), "the timeout did not make it ready");
+        assert!(state.services()["media/srv"].sync_timed_out);
+        // Once ready, a Service named later does not take readiness away.
+        let mut two = config(ONE_SERVICE, "r");
+        two.clusters[0].endpoints.push("media/other".into());
+        state.handle_config(two, true).unwrap();
+        assert!(state.ready());
+
+        let zero = ControlState::new(config(ONE_SERVICE, "r"), 1);
+        assert!(zero.ready(), "a zero discovery timeout waits for nothing");
+    }
+
+    #[test]
+    fn a_service_named_again_in_one_batch_gets_a_new_watch() {
+        let mut state = ControlState::new(config(ONE_SERVICE, "r"), 1);
+        let first = state.services()["media/srv"].watch;
+        state.handle_discovery(
+            "media/srv",
+            first,
+            ServiceChange::ReplaceSlices(BTreeMap::from([("a".into(), slice(&["10.0.0.1"]))])),
+        );
+        state.handle_config(config("[]", "r"), true).unwrap();
+        state.handle_config(config(ONE_SERVICE, "r"), true).unwrap();
+        let second = state.services()["media/srv"].watch;
+        assert_ne!(first, second, "the recreated state kept the old watch");
+        // A change the old watch queued before it was stopped is not applied to the new state.
+        state.handle_discovery(
+            "media/srv",
+            first,
+            ServiceChange::ReplaceSlices(BTreeMap::new()),
+        );
+        assert!(!state.services()["media/srv"].synced);
+        state.handle_discovery(
+            "media/srv",
+            second,
+            ServiceChange::ReplaceSlices(BTreeMap::from([("a".into(), slice(&["10.0.0.1"]))])),
+        );
+        assert!(state.services()["media/srv"]
+            .addresses()
+            .contains(&"10.0.0.1".parse::<IpAddr>().unwrap()));
     }
 }

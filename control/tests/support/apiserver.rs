@@ -38,6 +38,8 @@ struct State {
     /// Bumped to cut every open watch.
     epoch: u64,
     requests: Vec<String>,
+    /// The header lines of every request, lower-cased names.
+    headers: Vec<String>,
     expired_served: usize,
 }
 
@@ -161,6 +163,11 @@ impl FakeApiServer {
         self.inner.state.lock().unwrap().expired_served
     }
 
+    /// The header lines received so far (`name: value`, names lower-cased).
+    pub fn headers(&self) -> Vec<String> {
+        self.inner.state.lock().unwrap().headers.clone()
+    }
+
     /// The request lines served so far.
     pub fn requests(&self) -> Vec<String> {
         self.inner.state.lock().unwrap().requests.clone()
@@ -266,12 +273,17 @@ fn serve(stream: TcpStream, inner: &Inner) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
     reader.read_line(&mut line)?;
+    let mut headers = Vec::new();
     loop {
         let mut header = String::new();
         if reader.read_line(&mut header)? == 0 || header == "\r\n" {
             break;
         }
+        if let Some((name, value)) = header.trim_end().split_once(':') {
+            headers.push(format!("{}: {}", name.to_ascii_lowercase(), value.trim()));
+        }
     }
+    inner.state.lock().unwrap().headers.extend(headers);
     let target = line.split_whitespace().nth(1).unwrap_or("/").to_string();
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let params: BTreeMap<String, String> = query

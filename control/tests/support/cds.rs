@@ -82,6 +82,14 @@ impl FakeCds {
             .push(config_json.to_string());
     }
 
+    /// Sets the configs of gateway `id` one after the other, pushed to watchers back to back
+    /// in one write (so a client reads them together).
+    pub fn push_many(&self, id: &str, configs_json: &[&str]) {
+        let mut s = self.state.lock().unwrap();
+        let configs = s.configs.entry(id.to_string()).or_default();
+        configs.extend(configs_json.iter().map(|c| c.to_string()));
+    }
+
     /// Request targets seen so far.
     pub fn requests(&self) -> Vec<String> {
         self.state.lock().unwrap().requests.clone()
@@ -197,11 +205,15 @@ fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> std::io:
             .get(&id)
             .map(|c| c[next.min(c.len())..].to_vec())
             .unwrap_or_default();
+        let any = !pending.is_empty();
         for config in pending {
             next += 1;
-            if socket.send(Message::Text(config.into())).is_err() {
+            if socket.write(Message::Text(config.into())).is_err() {
                 return Ok(());
             }
+        }
+        if any && socket.flush().is_err() {
+            return Ok(());
         }
         match socket.read() {
             Ok(Message::Ping(payload)) => {

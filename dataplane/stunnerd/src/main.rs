@@ -4,7 +4,7 @@ mod logging;
 
 use arc_swap::ArcSwap;
 use base64::Engine as _;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +67,10 @@ struct Cli {
         value_parser = ["auto", "uring", "epoll"]
     )]
     io_engine: String,
+    /// uturn: how long /ready waits for the first EndpointSlice list of each Service that a
+    /// KUBERNETES cluster names; after it, ready anyway with a warning (0: do not wait).
+    #[arg(long = "discovery-timeout", value_name = "SECONDS", default_value_t = uturn_control::DEFAULT_DISCOVERY_TIMEOUT.as_secs())]
+    discovery_timeout: u64,
     /// uturn: allocations held by all clients together; more get 508 (0: no cap).
     #[arg(long = "max-allocations", value_name = "N", default_value_t = uturn_dataplane::proto::limits::DEFAULT_MAX_ALLOCATIONS)]
     max_allocations: usize,
@@ -232,7 +236,15 @@ fn main() -> ExitCode {
     // Before any thread exists, so that every thread inherits the mask.
     let _ = SHUTDOWN_SIGNALS.set(block_shutdown_signals());
     raise_fd_limit();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let (kube, env_ignored) = match kube_options(&cli.kube, &matches) {
+        Ok(options) => options,
+        Err(e) => {
+            eprintln!("stunnerd: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let cli_log = cli
         .log
         .clone()
@@ -250,6 +262,9 @@ fn main() -> ExitCode {
         .clone()
         .unwrap_or_else(|| config.admin.loglevel.clone());
     logging::init(&log_spec, &cli.log_format);
+    for ignored in &env_ignored {
+        tracing::warn!(target: "stunnerd", "{ignored}");
+    }
     tracing::info!(
         target: "stunnerd",
         "starting stunnerd id {:?}, STUNner config origin {:?}, uturn {}",
@@ -258,20 +273,20 @@ fn main() -> ExitCode {
         env!("CARGO_PKG_VERSION")
     );
     if from_uri {
-        if let (Some(user), Some(pass), Some(l)) = (
+        // The password is the URI's: logging it would put a credential in every log store.
+        if let (Some(user), Some(l)) = (
             config.auth.credentials.get("username"),
-            config.auth.credentials.get("password"),
             config.listeners.first(),
         ) {
             tracing::info!(
                 target: "stunnerd",
-                "TURN server on {}:{} ({}), realm {:?}: use username {:?} and password {:?}",
+                "TURN server on {}:{} ({}), realm {:?}: use username {:?} and the password \
+                 from the TURN URI",
                 l.address,
                 l.port,
                 l.protocol.as_str(),
                 config.auth.realm,
-                user,
-                pass
+                user
             );
         }
     }
@@ -365,7 +380,8 @@ fn main() -> ExitCode {
         source,
         initial: config,
         snapshot,
-        kube: kube_options(&cli.kube),
+        kube,
+        discovery_timeout: Duration::from_secs(cli.discovery_timeout),
         allocations: Arc::new(move || {
             stats
                 .iter()
@@ -385,6 +401,7 @@ fn main() -> ExitCode {
             uturn_dataplane::io::metrics::render_prometheus(&scrape_stats, out)
         }),
         force_ready: cli.force_ready_status,
+        check: Box::new(|_running: &StunnerConfig, _new: &StunnerConfig| Ok(())),
     }) {
         Ok(control) => control,
         Err(e) => {
@@ -392,11 +409,6 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let _ = (
-        &cli.cds_server_address,
-        &cli.cds_server_namespace,
-        cli.cds_server_port,
-    );
     run_until_drained(
         &dataplane,
         &control,
@@ -474,8 +486,41 @@ fn run_until_drained(dataplane: &Dataplane, control: &Control, drain_timeout: Op
 /// The signal set blocked at the start of `main`.
 static SHUTDOWN_SIGNALS: std::sync::OnceLock<libc::sigset_t> = std::sync::OnceLock::new();
 
-fn kube_options(flags: &KubeFlags) -> KubeOptions {
-    KubeOptions {
+/// The kubectl and CDS flags uturn does not act on, and why; given on the command line they
+/// are refused (exit 1), set in the environment they are logged and ignored.
+const REFUSED_FLAGS: &[(&str, &str, &str)] = &[
+    ("namespace", "--namespace", "KUBERNETES cluster endpoints name their namespace (<namespace>/<service>); drop the flag"),
+    ("cache_dir", "--cache-dir", "uturn keeps no API discovery cache; drop the flag"),
+    ("username", "--username", "basic authentication was removed from Kubernetes in 1.19; authenticate with --token, --client-certificate and --client-key, or a kubeconfig"),
+    ("password", "--password", "basic authentication was removed from Kubernetes in 1.19; authenticate with --token, --client-certificate and --client-key, or a kubeconfig"),
+    ("cds_server_address", "--cds-server-address (CDS_SERVER_ADDR)", "it only serves -c k8s, which uturn does not support; point -c at the config discovery server instead, e.g. -c http://stunner-config-discovery.stunner-system:13478"),
+    ("cds_server_namespace", "--cds-server-namespace (CDS_SERVER_NAMESPACE)", "it only serves -c k8s, which uturn does not support; point -c at the config discovery server instead, e.g. -c http://stunner-config-discovery.stunner-system:13478"),
+    ("cds_server_port", "--cds-server-port", "it only serves -c k8s, which uturn does not support; point -c at the config discovery server instead, e.g. -c http://stunner-config-discovery.stunner-system:13478"),
+];
+
+/// The Kubernetes connection options from the kubectl flags, and the ignored flags set in the
+/// environment (to log); an error for a flag uturn refuses or a value it cannot use.
+fn kube_options(
+    flags: &KubeFlags,
+    matches: &clap::ArgMatches,
+) -> Result<(KubeOptions, Vec<String>), String> {
+    let mut env_ignored = Vec::new();
+    for (id, flag, why) in REFUSED_FLAGS {
+        match matches.value_source(id) {
+            Some(clap::parser::ValueSource::CommandLine) => {
+                return Err(format!("{flag} is not supported: {why}"))
+            }
+            Some(clap::parser::ValueSource::EnvVariable) => {
+                env_ignored.push(format!("{flag} set in the environment is ignored: {why}"))
+            }
+            _ => {}
+        }
+    }
+    let request_timeout = match &flags.request_timeout {
+        Some(value) => uturn_control::kubernetes::parse_request_timeout(value)?,
+        None => None,
+    };
+    let options = KubeOptions {
         kubeconfig: flags.kubeconfig.clone().map(Into::into),
         context: flags.context.clone(),
         cluster: flags.cluster.clone(),
@@ -484,5 +529,14 @@ fn kube_options(flags: &KubeFlags) -> KubeOptions {
         token: flags.token.clone(),
         insecure_skip_tls_verify: flags.insecure_skip_tls_verify,
         tls_server_name: flags.tls_server_name.clone(),
-    }
+        certificate_authority: flags.certificate_authority.clone().map(Into::into),
+        client_certificate: flags.client_certificate.clone().map(Into::into),
+        client_key: flags.client_key.clone().map(Into::into),
+        impersonate: flags.as_user.clone(),
+        impersonate_groups: flags.as_group.clone(),
+        impersonate_uid: flags.as_uid.clone(),
+        request_timeout,
+    };
+    options.check()?;
+    Ok((options, env_ignored))
 }

@@ -1,6 +1,12 @@
 //! The stunnerd command line: every flag accepted, clear exits for what is not there yet.
 
+mod support;
+
+#[path = "../../../control/tests/support/apiserver.rs"]
+mod apiserver;
+
 use std::process::Command;
+use support::{free_port, temp_file, wait_until, Stunnerd};
 
 fn stunnerd(args: &[&str]) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_stunnerd"))
@@ -24,6 +30,13 @@ const CONFIG: &str = "version: v1\nauth: {credentials: {username: u, password: p
 #[test]
 fn every_stunnerd_flag_is_accepted() {
     let origin = write("ok.yaml", CONFIG);
+    let pem = temp_file("dummy.pem");
+    std::fs::write(
+        &pem,
+        "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let pem = pem.to_str().unwrap();
     let (code, text) = stunnerd(&[
         "-c",
         &origin,
@@ -38,12 +51,8 @@ fn every_stunnerd_flag_is_accepted() {
         "-d",
         "--force-ready-status",
         "-v",
-        "--cds-server-address",
-        "1.2.3.4:13478",
-        "--cds-server-namespace",
-        "stunner",
-        "--cds-server-port",
-        "13478",
+        "--discovery-timeout",
+        "5",
         "--kubeconfig",
         "/dev/null",
         "--context",
@@ -52,8 +61,6 @@ fn every_stunnerd_flag_is_accepted() {
         "k",
         "--user",
         "u",
-        "-n",
-        "default",
         "-s",
         "https://127.0.0.1:6443",
         "--token",
@@ -65,18 +72,16 @@ fn every_stunnerd_flag_is_accepted() {
         "--as-uid",
         "1",
         "--certificate-authority",
-        "ca",
+        pem,
         "--client-certificate",
-        "cc",
+        pem,
         "--client-key",
-        "ck",
+        pem,
         "--insecure-skip-tls-verify",
         "--tls-server-name",
         "x",
         "--request-timeout",
         "5s",
-        "--cache-dir",
-        "/tmp",
     ]);
     assert_eq!(code, 0, "{text}");
     assert!(
@@ -111,4 +116,125 @@ fn a_bad_config_names_the_field_and_exits_1() {
     let (code, text) = stunnerd(&["-d", "turn://nopass@127.0.0.1:3478"]);
     assert_eq!(code, 1);
     assert!(text.contains("TURN-URI"), "{text}");
+}
+
+/// kubectl and CDS flags that uturn would only parse and drop are refused, naming the fix.
+#[test]
+fn flags_uturn_would_ignore_are_refused() {
+    let origin = write("refused.yaml", CONFIG);
+    for (flag, value, fix) in [
+        ("--namespace", "media", "<namespace>/<service>"),
+        ("-n", "media", "<namespace>/<service>"),
+        ("--cache-dir", "/tmp", "no API discovery cache"),
+        ("--username", "admin", "--token"),
+        ("--password", "secret", "--token"),
+        ("--cds-server-address", "10.0.0.1:13478", "-c http://"),
+        ("--cds-server-namespace", "stunner", "-c http://"),
+        ("--cds-server-port", "13478", "-c http://"),
+    ] {
+        let (code, text) = stunnerd(&["-c", &origin, "-d", flag, value]);
+        assert_eq!(code, 1, "{flag} was accepted: {text}");
+        assert!(
+            text.contains("is not supported") && text.contains(fix),
+            "{flag}: {text}"
+        );
+    }
+    for (flags, named) in [
+        (
+            &["--certificate-authority", "/nonexistent/ca.pem"][..],
+            "--certificate-authority",
+        ),
+        (
+            &[
+                "--client-certificate",
+                "/nonexistent/c.pem",
+                "--client-key",
+                "/nonexistent/k.pem",
+            ][..],
+            "--client-certificate",
+        ),
+        (&["--request-timeout", "5 seconds"][..], "--request-timeout"),
+    ] {
+        let mut args = vec!["-c", origin.as_str(), "-d"];
+        args.extend_from_slice(flags);
+        let (code, text) = stunnerd(&args);
+        assert_eq!(code, 1, "{flags:?}: {text}");
+        assert!(text.contains(named), "{flags:?}: {text}");
+    }
+    // The operator's environment may carry CDS_SERVER_ADDR: it is logged, not fatal.
+    let out = Command::new(env!("CARGO_BIN_EXE_stunnerd"))
+        .args(["-c", &origin, "-d"])
+        .env("CDS_SERVER_ADDR", "10.0.0.1:13478")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("CDS_SERVER_ADDR") && text.contains("ignored"),
+        "{text}"
+    );
+}
+
+/// --as, --as-group and --as-uid reach the API server as impersonation headers.
+#[test]
+fn kubectl_impersonation_flags_reach_the_api_server() {
+    let api = apiserver::FakeApiServer::start();
+    let kubeconfig = api.kubeconfig(&std::env::temp_dir());
+    let (turn, health) = (free_port(), free_port());
+    let config = write(
+        &format!("impersonate-{turn}.yaml"),
+        &format!(
+            "version: v1\nadmin: {{healthcheck_endpoint: \"http://127.0.0.1:{health}\"}}\n\
+             auth: {{credentials: {{username: u, password: p}}}}\n\
+             listeners: [{{name: l, address: 127.0.0.1, port: {turn}, routes: [k]}}]\n\
+             clusters: [{{name: k, type: KUBERNETES, endpoints: [\"media/svc\"]}}]\n"
+        ),
+    );
+    let server = Stunnerd::start(
+        &[
+            "-c",
+            &config,
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--as",
+            "gateway-bot",
+            "--as-group",
+            "media-admins",
+            "--as-uid",
+            "1234",
+            "--request-timeout",
+            "20s",
+        ],
+        &[],
+    );
+    let has = |line: &str| api.headers().iter().any(|h| h == line);
+    assert!(
+        wait_until(20, || has("impersonate-user: gateway-bot")
+            && has("impersonate-group: media-admins")
+            && has("impersonate-uid: 1234")),
+        "{:?}\n{}",
+        api.headers(),
+        server.logs()
+    );
+    let _ = std::fs::remove_file(kubeconfig);
+}
+
+/// TURN-URI mode names the user it runs with but never logs the password.
+#[test]
+fn turn_uri_mode_does_not_log_the_password() {
+    let port = free_port();
+    let (code, text) = stunnerd(&[
+        "-d",
+        "-l",
+        "all:TRACE",
+        &format!("turn://gateway-user:Pa55-word-xyz@127.0.0.1:{port}"),
+    ]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("gateway-user"), "{text}");
+    assert!(text.contains("the password from the TURN URI"), "{text}");
+    assert!(
+        !text.contains("Pa55-word-xyz"),
+        "the password was logged: {text}"
+    );
 }

@@ -936,3 +936,353 @@ fn file_watch_waits_for_the_file_and_keeps_the_config_on_bad_updates() {
     assert!(d.allocate().is_some(), "the running config stopped serving");
     let _ = std::fs::remove_file(config);
 }
+
+fn http_at(ip: &str, port: u16, path: &str) -> Option<u16> {
+    let addr = SocketAddr::new(ip.parse().unwrap(), port);
+    support::http_get_from(addr, path).map(|(code, _)| code)
+}
+
+/// `http://:PORT` (the default form) listens dual-stack, as stunnerd's Go listener does: kubelet
+/// probes an IPv6-only pod on its IPv6 address.
+#[test]
+fn admin_servers_on_an_empty_host_answer_on_ipv4_and_ipv6() {
+    let (turn, health, metrics) = (free_port(), free_port(), free_port());
+    let config = temp_file("dual-stack.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: v1\nadmin: {{name: media/gw, healthcheck_endpoint: \"http://:{health}\", metrics_endpoint: \"http://:{metrics}/metrics\"}}\n\
+             auth: {{type: static, credentials: {{username: alice, password: s3cret}}}}\n\
+             listeners: [{{name: udp, address: 127.0.0.1, port: {turn}, routes: [media]}}]\n\
+             clusters: [{{name: media, endpoints: [127.0.0.1]}}]\n"
+        ),
+    )
+    .unwrap();
+    let server = Stunnerd::start(&["-c", &format!("file://{}", config.display())], &[]);
+    assert!(
+        wait_until(10, || http_at("127.0.0.1", health, "/ready") == Some(200)),
+        "{}",
+        server.logs()
+    );
+    for ip in ["127.0.0.1", "::1"] {
+        assert_eq!(http_at(ip, health, "/live"), Some(200), "/live on {ip}");
+        assert_eq!(http_at(ip, health, "/ready"), Some(200), "/ready on {ip}");
+        assert_eq!(
+            http_at(ip, metrics, "/metrics"),
+            Some(200),
+            "/metrics on {ip}"
+        );
+    }
+    assert!(
+        server.logs().contains(&format!(
+            "health-check server listening on http://[::]:{health}/"
+        )),
+        "{}",
+        server.logs()
+    );
+    let _ = std::fs::remove_file(config);
+}
+
+/// A config that names a taken admin port is rejected: the running config and its servers
+/// stay. A later good config applies; at start a taken port exits 1 naming the field.
+#[test]
+fn an_admin_endpoint_that_cannot_listen_rejects_the_config() {
+    let (turn, health, metrics) = (free_port(), free_port(), free_port());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_port = taken.local_addr().unwrap().port();
+    let write = |path: &std::path::Path, health: u16, metrics_path: &str, realm: &str| {
+        std::fs::write(
+            path,
+            format!(
+                "version: v1\nadmin: {{name: media/gw, healthcheck_endpoint: \"http://127.0.0.1:{health}\", metrics_endpoint: \"http://127.0.0.1:{metrics}{metrics_path}\"}}\n\
+                 auth: {{type: static, realm: {realm}, credentials: {{username: alice, password: s3cret}}}}\n\
+                 listeners: [{{name: udp, address: 127.0.0.1, port: {turn}, routes: [media]}}]\n\
+                 clusters: [{{name: media, endpoints: [127.0.0.1]}}]\n"
+            ),
+        )
+        .unwrap();
+    };
+    let config = temp_file("admin-bind.yaml");
+    write(&config, health, "/metrics", "one");
+    let server = Stunnerd::start(&["-w", "-c", &format!("file://{}", config.display())], &[]);
+    assert!(
+        wait_until(10, || realm_is(health, "one")),
+        "{}",
+        server.logs()
+    );
+
+    write(&config, taken_port, "/metrics", "two");
+    assert!(
+        wait_until(10, || server.logs().contains("config rejected")),
+        "{}",
+        server.logs()
+    );
+    let logs = server.logs();
+    assert!(
+        logs.contains("admin.healthcheck_endpoint")
+            && logs.contains(&format!("127.0.0.1:{taken_port}"))
+            && logs.contains("free address"),
+        "the rejection must name the field, the value and the fix: {logs}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(realm_is(health, "one"), "the rejected config was applied");
+    assert_eq!(http_at("127.0.0.1", metrics, "/metrics"), Some(200));
+
+    // A new path on the same port (the running server holds it) applies.
+    write(&config, health, "/other", "three");
+    assert!(
+        wait_until(10, || realm_is(health, "three")),
+        "{}",
+        server.logs()
+    );
+    assert!(wait_until(5, || http_at("127.0.0.1", metrics, "/other") == Some(200)));
+    assert_eq!(http_at("127.0.0.1", metrics, "/metrics"), Some(404));
+    // Moving the health server to a free port applies, and the old port closes.
+    let moved = free_port();
+    write(&config, moved, "/other", "four");
+    assert!(
+        wait_until(10, || realm_is(moved, "four")),
+        "{}",
+        server.logs()
+    );
+    assert!(wait_until(5, || http_at("127.0.0.1", health, "/live").is_none()));
+
+    // At start, a taken admin port is fatal.
+    let start = temp_file("admin-bind-start.yaml");
+    write(&start, taken_port, "/metrics", "one");
+    let (turn2, metrics2) = (free_port(), free_port());
+    let text = std::fs::read_to_string(&start)
+        .unwrap()
+        .replace(&format!("port: {turn}"), &format!("port: {turn2}"))
+        .replace(&format!(":{metrics}/"), &format!(":{metrics2}/"));
+    std::fs::write(&start, text).unwrap();
+    let mut refused = Stunnerd::start(&["-c", &format!("file://{}", start.display())], &[]);
+    assert_eq!(refused.wait_exit(), Some(1), "{}", refused.logs());
+    assert!(
+        refused.logs().contains("admin.healthcheck_endpoint")
+            && refused.logs().contains(&taken_port.to_string()),
+        "{}",
+        refused.logs()
+    );
+    drop(taken);
+    let _ = std::fs::remove_file(config);
+    let _ = std::fs::remove_file(start);
+}
+
+fn ready(health: u16) -> Option<u16> {
+    support::http_get(health, "/ready").map(|(code, _)| code)
+}
+
+/// A new pod must not report ready before it knows the endpoints of its Services, or it
+/// answers 403 to every peer while taking traffic; with the API server down it becomes ready
+/// after --discovery-timeout and says why.
+#[test]
+fn ready_waits_for_the_first_endpoint_list_up_to_the_discovery_timeout() {
+    let api = FakeApiServer::start();
+    api.apply(
+        Kind::Service,
+        service("media", "ready-svc", &["10.96.0.30"]),
+    );
+    api.apply(
+        Kind::Slice,
+        endpoint_slice(
+            "media",
+            "ready-svc-a",
+            "ready-svc",
+            &[("127.0.0.5", true, true, false)],
+        ),
+    );
+    api.set_up(false);
+    let kubeconfig = api.kubeconfig(&std::env::temp_dir());
+    let start = |timeout: &str| {
+        let (turn, health) = (free_port(), free_port());
+        let config = temp_file("ready.yaml");
+        std::fs::write(&config, kubernetes_config(turn, health, "media/ready-svc")).unwrap();
+        let server = Stunnerd::start(
+            &[
+                "-c",
+                &format!("file://{}", config.display()),
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--discovery-timeout",
+                timeout,
+            ],
+            &[],
+        );
+        (server, health, config)
+    };
+
+    // The API server stays down: 503 until the timeout, then 200 and a warning naming the Service.
+    let started = std::time::Instant::now();
+    let (server, health, config) = start("4");
+    assert!(
+        wait_until(10, || ready(health).is_some()),
+        "{}",
+        server.logs()
+    );
+    assert_eq!(
+        ready(health),
+        Some(503),
+        "ready before the Service was listed"
+    );
+    let entry = discovered(health, "media/ready-svc");
+    assert!(
+        entry
+            .as_ref()
+            .is_some_and(|e| e["synced"] == false && e["syncTimedOut"] == false),
+        "{entry:?}"
+    );
+    assert!(
+        status(health).is_some_and(|s| s["discovery"]["readyWaitsFor"][0] == "media/ready-svc"),
+        "{:?}",
+        status(health)
+    );
+    std::thread::sleep(Duration::from_secs(2).saturating_sub(started.elapsed()));
+    assert_eq!(ready(health), Some(503));
+    assert!(
+        wait_until(10, || ready(health) == Some(200)),
+        "{}",
+        server.logs()
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "ready before the timeout"
+    );
+    let logs = server.logs();
+    assert!(
+        logs.contains("Service media/ready-svc not synced within --discovery-timeout"),
+        "{logs}"
+    );
+    assert!(discovered(health, "media/ready-svc").is_some_and(|e| e["syncTimedOut"] == true));
+    drop(server);
+    let _ = std::fs::remove_file(config);
+
+    // The API server comes back before the timeout: ready exactly once the list is in.
+    let (server, health, config) = start("60");
+    assert!(
+        wait_until(10, || ready(health).is_some()),
+        "{}",
+        server.logs()
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(ready(health), Some(503));
+    api.set_up(true);
+    assert!(
+        wait_until(30, || ready(health) == Some(200)),
+        "{}",
+        server.logs()
+    );
+    let entry = discovered(health, "media/ready-svc");
+    assert!(
+        listed(&entry, "addresses", "127.0.0.5"),
+        "ready without the endpoints: {entry:?}"
+    );
+    assert!(
+        !server.logs().contains("not synced within"),
+        "{}",
+        server.logs()
+    );
+    let _ = std::fs::remove_file(config);
+    let _ = std::fs::remove_file(kubeconfig);
+}
+
+fn cds_kubernetes_config(turn: u16, health: u16, with_service: bool) -> String {
+    let (routes, clusters) = if with_service {
+        (
+            r#"["media/static","media/svc"]"#,
+            r#"[{"name":"media/static","type":"STATIC","endpoints":["127.0.0.9"]},{"name":"media/svc","type":"KUBERNETES","endpoints":["media/batch-svc"]}]"#,
+        )
+    } else {
+        (
+            r#"["media/static"]"#,
+            r#"[{"name":"media/static","type":"STATIC","endpoints":["127.0.0.9"]}]"#,
+        )
+    };
+    format!(
+        r#"{{"version":"v1","admin":{{"name":"media/gw","healthcheck_endpoint":"http://127.0.0.1:{health}"}},"auth":{{"type":"static","credentials":{{"username":"alice","password":"s3cret"}}}},"listeners":[{{"name":"media/gw/udp","protocol":"TURN-UDP","address":"127.0.0.1","port":{turn},"routes":{routes}}}],"clusters":{clusters}}}"#
+    )
+}
+
+/// A Service whose cluster is removed and added again in one config batch keeps its
+/// endpoints: its watch restarts (a kept watch only sends changes, never the list again).
+#[test]
+fn a_service_removed_and_readded_in_one_batch_keeps_its_endpoints() {
+    let api = FakeApiServer::start();
+    api.apply(
+        Kind::Service,
+        service("media", "batch-svc", &["10.96.0.40"]),
+    );
+    api.apply(
+        Kind::Slice,
+        endpoint_slice(
+            "media",
+            "batch-svc-a",
+            "batch-svc",
+            &[("127.0.0.6", true, true, false)],
+        ),
+    );
+    let kubeconfig = api.kubeconfig(&std::env::temp_dir());
+    let cds = cds::FakeCds::start("127.0.0.1:0");
+    let (turn, health) = (free_port(), free_port());
+    cds.push("media/gw", &cds_kubernetes_config(turn, health, true));
+    let server = Stunnerd::start(
+        &[
+            "-w",
+            "-c",
+            &format!("http://{}", cds.addr()),
+            "--id",
+            "media/gw",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let known = || {
+        listed(
+            &discovered(health, "media/batch-svc"),
+            "addresses",
+            "127.0.0.6",
+        )
+    };
+    assert!(
+        wait_until(20, known),
+        "{:?}\n{}",
+        status(health),
+        server.logs()
+    );
+    let first_watch = api.requests().len();
+
+    cds.push_many(
+        "media/gw",
+        &[
+            &cds_kubernetes_config(turn, health, false),
+            &cds_kubernetes_config(turn, health, true),
+        ],
+    );
+    // Both configs applied (two reconciliations), then the endpoints are back.
+    assert!(
+        wait_until(10, || server.logs().matches("Reconciliation ready").count()
+            >= 3),
+        "{}",
+        server.logs()
+    );
+    assert!(
+        wait_until(10, known),
+        "the Service lost its endpoints: {:?}\n{}",
+        discovered(health, "media/batch-svc"),
+        server.logs()
+    );
+    assert!(
+        api.requests().len() > first_watch,
+        "the watch was not restarted"
+    );
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    d.allocate().expect("allocation");
+    assert!(
+        d.permit("127.0.0.6".parse::<IpAddr>().unwrap()),
+        "{:?}",
+        d.responses
+    );
+    let _ = std::fs::remove_file(kubeconfig);
+}
