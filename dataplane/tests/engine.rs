@@ -212,6 +212,17 @@ impl Client {
         self.nonce = msg.attribute::<Nonce>().unwrap().nonce().to_string();
     }
 
+    /// Learns `from`'s nonce from the 401 to an unauthenticated Allocate of the smallest shape
+    /// real clients send (REQUESTED-TRANSPORT only, 28 bytes: the challenge fits 3x of it).
+    fn learn_nonce(&mut self, h: &mut Harness, from: &str) {
+        let challenge = h.request(
+            from,
+            &self.build(ALLOCATE, TransactionId::generate(), &udp, false),
+        );
+        assert_eq!(challenge.error_code(), Some(401));
+        self.learn(&challenge);
+    }
+
     /// Sends `method` authenticated from `from`, learning that address's nonce first.
     fn call_from(
         &mut self,
@@ -220,12 +231,7 @@ impl Client {
         method: Method,
         attrs: Attrs<'_>,
     ) -> Reply {
-        let challenge = h.request(
-            from,
-            &self.build(method, TransactionId::generate(), attrs, false),
-        );
-        assert_eq!(challenge.error_code(), Some(401));
-        self.learn(&challenge);
+        self.learn_nonce(h, from);
         h.request(
             from,
             &self.build(method, TransactionId::generate(), attrs, true),
@@ -235,12 +241,7 @@ impl Client {
     /// Sends `method` authenticated, learning a nonce first when needed.
     fn call(&mut self, h: &mut Harness, method: Method, attrs: Attrs<'_>) -> Reply {
         if self.nonce.is_empty() {
-            let challenge = h.request(
-                CLIENT,
-                &self.build(method, TransactionId::generate(), attrs, false),
-            );
-            assert_eq!(challenge.error_code(), Some(401));
-            self.learn(&challenge);
+            self.learn_nonce(h, CLIENT);
         }
         h.request(
             CLIENT,
@@ -1258,7 +1259,7 @@ fn append_after_integrity(signed: &[u8], atype: u16, value: &[u8]) -> Vec<u8> {
 #[test]
 fn attributes_after_message_integrity_are_ignored() {
     let mut h = Harness::new(STATIC_AUTH);
-    let (mut c, _) = allocate(&mut h);
+    let (c, _) = allocate(&mut h);
     let lifetime = |secs: u32| {
         move |m: &mut MessageWriteVec, _: TransactionId| {
             m.add_attribute(&Lifetime::new(secs)).unwrap();
@@ -1328,11 +1329,7 @@ fn attributes_after_message_integrity_are_ignored() {
     // LIFETIME there does not set the allocation's.
     let mut other = Client::new("user1", "pass1");
     let from = "192.0.2.77:4000";
-    let challenge = h.request(
-        from,
-        &other.build(ALLOCATE, TransactionId::generate(), &|_, _| {}, false),
-    );
-    other.learn(&challenge);
+    other.learn_nonce(&mut h, from);
     let signed = other.build(ALLOCATE, TransactionId::generate(), &|_, _| {}, true);
     let reply = h.request(
         from,
@@ -1346,4 +1343,178 @@ fn attributes_after_message_integrity_are_ignored() {
     );
     assert_eq!(reply.class(), MessageClass::Success);
     assert_eq!(reply.msg().attribute::<Lifetime>().unwrap().seconds(), 600);
+}
+
+/// An unauthenticated request of each kind a client (or a spoofer) can send, padded to exactly
+/// `size` bytes with a comprehension-optional attribute the engine ignores; `None` when the
+/// kind's smallest form is larger. `creds` signs it (a refused password or a stale nonce).
+fn sized_request(kind: &str, size: usize, creds: &Client) -> Option<Vec<u8>> {
+    let pad = |m: &mut MessageWriteVec, base: usize| {
+        if size > base {
+            let value = vec![0u8; size - base - 4];
+            m.add_attribute(&stun_proto::types::attribute::RawAttribute::new(
+                AttributeType::new(0xC0DE),
+                &value,
+            ))
+            .unwrap();
+        }
+    };
+    let fits = |base: usize| size == base || size >= base + 4;
+    let request = |method: Method, base: usize, attrs: Attrs<'_>, signed: bool| {
+        fits(base).then(|| {
+            let padded = |m: &mut MessageWriteVec, t| {
+                attrs(m, t);
+                pad(m, base);
+            };
+            creds.build(method, TransactionId::generate(), &padded, signed)
+        })
+    };
+    let peer = |m: &mut MessageWriteVec, t| {
+        m.add_attribute(&XorPeerAddress::new(PEER.parse().unwrap(), t))
+            .unwrap()
+    };
+    // USERNAME "user1" (12) + REALM "stunner.l7mp.io" (20) + NONCE (20) + MESSAGE-INTEGRITY (24).
+    let signed_base = 20 + 12 + 20 + 4 + creds.nonce.len().next_multiple_of(4) + 24;
+    let built = match kind {
+        "Binding" => request(BINDING, 20, &|_, _| {}, false),
+        "Allocate" => request(ALLOCATE, 20, &|_, _| {}, false),
+        "Allocate+REQUESTED-TRANSPORT" => request(ALLOCATE, 28, &udp, false),
+        "Refresh" => request(REFRESH, 20, &|_, _| {}, false),
+        "CreatePermission" => request(CREATE_PERMISSION, 32, &peer, false),
+        "ChannelBind" => request(CHANNEL_BIND, 40, &channel_attrs(0x4000, PEER), false),
+        "unknown method" => request(Method::new(0x0FF), 20, &|_, _| {}, false),
+        "unknown attribute (420)" => request(
+            ALLOCATE,
+            24,
+            &|m: &mut MessageWriteVec, _| {
+                m.add_attribute(&stun_proto::types::attribute::RawAttribute::new(
+                    AttributeType::new(0x7777),
+                    &[],
+                ))
+                .unwrap()
+            },
+            false,
+        ),
+        "bad integrity (401)" | "stale nonce (438)" => {
+            request(REFRESH, signed_base, &|_, _| {}, true)
+        }
+        "Send indication" => fits(36).then(|| {
+            let mut msg = Message::builder(
+                MessageType::from_class_method(MessageClass::Indication, SEND),
+                TransactionId::generate(),
+                MessageWriteVec::new(),
+            );
+            let txid = msg.transaction_id();
+            peer(&mut msg, txid);
+            msg.add_attribute(&Data::new(&[])).unwrap();
+            pad(&mut msg, 36);
+            msg.finish()
+        }),
+        other => panic!("{other}"),
+    }?;
+    assert_eq!(built.len(), size, "{kind}");
+    Some(built)
+}
+
+#[test]
+fn every_reply_to_an_unauthenticated_request_is_at_most_3x_its_size() {
+    use uturn_shared::config::ListenerProtocol;
+    let mut h = Harness::with(&config(STATIC_AUTH), |c| c.limits.challenge_rate = 0);
+    let anonymous = Client::new("user1", "pass1");
+    // A refused password, with a nonce the engine issued to each source.
+    let mut refused = Client::new("user1", "wrong");
+    // A nonce the engine did not issue: 438.
+    let mut stale = Client::new("user1", "pass1");
+    stale.realm = "stunner.l7mp.io".into();
+    stale.nonce = "AAAAAAAAAAAAAAAA".into();
+    let kinds = [
+        "Binding",
+        "Allocate",
+        "Allocate+REQUESTED-TRANSPORT",
+        "Refresh",
+        "CreatePermission",
+        "ChannelBind",
+        "unknown method",
+        "unknown attribute (420)",
+        "bad integrity (401)",
+        "stale nonce (438)",
+        "Send indication",
+    ];
+    let mut dropped_sizes = std::collections::BTreeSet::new();
+    for from in [CLIENT, "[2001:db8::10]:40000"] {
+        refused.learn_nonce(&mut h, from);
+        for protocol in [
+            ListenerProtocol::TurnUdp,
+            ListenerProtocol::TurnTcp,
+            ListenerProtocol::TurnTls,
+            ListenerProtocol::TurnDtls,
+        ] {
+            let mut spec = h.snap.listeners[0].clone();
+            spec.protocol = protocol;
+            for kind in kinds {
+                let creds = match kind {
+                    "bad integrity (401)" => &refused,
+                    "stale nonce (438)" => &stale,
+                    _ => &anonymous,
+                };
+                for size in (20..=256).step_by(4) {
+                    let Some(request) = sized_request(kind, size, creds) else {
+                        continue;
+                    };
+                    let action = h.engine.handle_client(
+                        h.now,
+                        &h.snap,
+                        ListenerRef {
+                            id: ListenerId(1),
+                            spec: &spec,
+                        },
+                        from.parse().unwrap(),
+                        &request,
+                        &mut h.out,
+                    );
+                    let case = format!("{kind}, {size} bytes, from {from} over {protocol:?}");
+                    match action {
+                        ClientAction::Reply(n) => {
+                            assert!(n <= 3 * size, "{case}: a {n}-byte reply");
+                            let reply = Message::from_bytes(&h.out[..n]).unwrap();
+                            let code = reply.attribute::<ErrorCode>().ok().map(|e| e.code());
+                            let expected = match kind {
+                                "Binding" => None,
+                                "unknown method" => Some(400),
+                                "unknown attribute (420)" => Some(420),
+                                "stale nonce (438)" => Some(438),
+                                _ => Some(401),
+                            };
+                            assert_eq!(code, expected, "{case}");
+                            if matches!(code, Some(401 | 438)) {
+                                // A challenge always carries what a client needs to answer it.
+                                assert!(reply.has_attribute(Realm::TYPE), "{case}");
+                                assert!(reply.has_attribute(Nonce::TYPE), "{case}");
+                            }
+                        }
+                        ClientAction::Drop(DropReason::NoAllocation) => {
+                            assert_eq!(kind, "Send indication", "{case}");
+                        }
+                        ClientAction::Drop(DropReason::Amplification) => {
+                            dropped_sizes.insert(size);
+                        }
+                        other => panic!("{case}: {other:?}"),
+                    }
+                }
+            }
+        }
+    }
+    // Only a challenge to a bare 20-byte request cannot fit (60 bytes; it takes 68 with this
+    // 15-character realm). The smallest Allocate a real client sends (REQUESTED-TRANSPORT,
+    // 28 bytes) gets its 401 whole: 80 bytes, reason phrase included.
+    assert_eq!(dropped_sizes.into_iter().collect::<Vec<_>>(), vec![20]);
+    let allocate = sized_request("Allocate+REQUESTED-TRANSPORT", 28, &anonymous).unwrap();
+    for from in [CLIENT, "[2001:db8::10]:40000"] {
+        let reply = h.request(from, &allocate);
+        assert_eq!(reply.error_code(), Some(401));
+        assert_eq!(reply.bytes.len(), 80);
+        let reason = reply.msg().attribute::<ErrorCode>().unwrap();
+        assert_eq!(reason.reason(), "Unauthorized");
+    }
+    assert!(h.engine.stats().dropped[DropReason::Amplification.index()] > 0);
 }

@@ -58,6 +58,10 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Bytes the shell leaves free in front of a peer datagram, so ChannelData can be framed in place.
 pub const PEER_HEADROOM: usize = 4;
 
+/// RFC 9000 §8.1's anti-amplification rule, applied to every reply to a request that did not
+/// authenticate, on every transport: at most this many times the request's size in bytes.
+pub const AMPLIFICATION_FACTOR: usize = 3;
+
 /// Channel numbers accepted (RFC 5766 range, as pion; RFC 8656 clients use a subset).
 pub const CHANNEL_NUMBERS: std::ops::RangeInclusive<u16> = 0x4000..=0x7FFF;
 
@@ -183,11 +187,14 @@ pub enum DropReason {
     Internal,
     /// A 401/438 challenge not sent: its source IP spent its challenge budget.
     RateLimited,
+    /// A reply to an unauthenticated request not sent: it would have been more than
+    /// [`AMPLIFICATION_FACTOR`] times the request (a 401 to a 20-byte request).
+    Amplification,
 }
 
 impl DropReason {
     /// Every reason, for counters.
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 9] = [
         DropReason::Malformed,
         DropReason::Unhandled,
         DropReason::NoAllocation,
@@ -196,6 +203,7 @@ impl DropReason {
         DropReason::NotAdmitted,
         DropReason::Internal,
         DropReason::RateLimited,
+        DropReason::Amplification,
     ];
 
     /// Stable index into counter arrays.
@@ -214,6 +222,7 @@ impl DropReason {
             DropReason::NotAdmitted => "not_admitted",
             DropReason::Internal => "internal",
             DropReason::RateLimited => "rate_limited",
+            DropReason::Amplification => "amplification",
         }
     }
 }
@@ -469,19 +478,19 @@ impl Engine {
         if method == BINDING {
             // RFC 8489 §6.3.1 / stunnerd: Binding is answered without authentication.
             return match wire::binding_success(msg, from, out) {
-                Some(n) => ClientAction::Reply(n),
+                Some(n) => self.within_amplification_bound(msg, n),
                 None => ClientAction::Drop(self.dropped(DropReason::Internal)),
             };
         }
         if ![ALLOCATE, REFRESH, CREATE_PERMISSION, CHANNEL_BIND].contains(&method) {
             // Unknown requests (and RFC 6062 Connect on UDP) get 400, never silence that could
             // be mistaken for loss.
-            return self.reply_error(msg, ErrorReply::new(400, "Bad Request"), None, out);
+            return self.reply_unauthenticated(msg, ErrorReply::new(400, "Bad Request"), out);
         }
         // RFC 8489 §6.3.1: unknown comprehension-required attributes → 420.
         let unknown = wire::unknown_required_attributes(msg);
         if !unknown.is_empty() {
-            return self.reply_error(msg, ErrorReply::unknown_attributes(unknown), None, out);
+            return self.reply_unauthenticated(msg, ErrorReply::unknown_attributes(unknown), out);
         }
         let key = ClientKey {
             listener: listener.id,
@@ -500,21 +509,27 @@ impl Engine {
                 {
                     let n = alloc.allocate_response.len();
                     out[..n].copy_from_slice(&alloc.allocate_response);
-                    return ClientAction::Reply(n);
+                    return self.within_amplification_bound(msg, n);
                 }
             }
         }
         let authed = match self.authenticate(now, snap, from, msg) {
             Ok(authed) => authed,
             Err(reply) => {
+                let challenge = matches!(reply.code, 401 | 438);
+                let action = self.reply_unauthenticated(msg, reply, out);
                 // Challenges are the one reply an unauthenticated source gets larger than its
                 // request: budget them per source IP. On UDP the source may be spoofed (a
                 // reflection); on TCP, TLS and DTLS it is not, but a client that pipelines
                 // requests and never authenticates must not get answers without end either.
-                if matches!(reply.code, 401 | 438) && !self.challenges.allow(from.ip(), now) {
+                // A token is spent only on a challenge that is sent.
+                if challenge
+                    && matches!(action, ClientAction::Reply(_))
+                    && !self.challenges.allow(from.ip(), now)
+                {
                     return ClientAction::Drop(self.dropped(DropReason::RateLimited));
                 }
-                return self.reply_error(msg, reply, None, out);
+                return action;
             }
         };
         let existing = self.by_client.get(&key).copied();
@@ -573,17 +588,49 @@ impl Engine {
         integrity: Option<&IntegrityKey>,
         out: &mut [u8],
     ) -> ClientAction {
+        match wire::error_response(msg, &reply, integrity, out) {
+            Some(n) => ClientAction::Reply(n),
+            None => ClientAction::Drop(self.dropped(DropReason::Internal)),
+        }
+    }
+
+    /// An error reply to a request that did not authenticate, within
+    /// [`AMPLIFICATION_FACTOR`] times the request's size: the reason phrase goes first (RFC
+    /// 8489 §14.8: it is for humans), then the whole reply (dropped and counted).
+    fn reply_unauthenticated(
+        &mut self,
+        msg: &Message<'_>,
+        reply: ErrorReply,
+        out: &mut [u8],
+    ) -> ClientAction {
+        let budget = AMPLIFICATION_FACTOR * msg.as_bytes().len();
+        let n = match wire::error_response(msg, &reply, None, out) {
+            Some(n) if n > budget => wire::error_response(msg, &reply.without_reason(), None, out),
+            written => written,
+        };
+        let Some(n) = n else {
+            return ClientAction::Drop(self.dropped(DropReason::Internal));
+        };
+        let action = self.within_amplification_bound(msg, n);
         // The first 401 (no credentials yet) and 438 are the normal challenge; a 401 to a
         // request that carried MESSAGE-INTEGRITY means its credentials were refused.
         if reply.code == 401
+            && matches!(action, ClientAction::Reply(_))
             && (msg.has_attribute(MessageIntegrity::TYPE)
                 || msg.has_attribute(MessageIntegritySha256::TYPE))
         {
             self.stats.auth_failures += 1;
         }
-        match wire::error_response(msg, &reply, integrity, out) {
-            Some(n) => ClientAction::Reply(n),
-            None => ClientAction::Drop(self.dropped(DropReason::Internal)),
+        action
+    }
+
+    /// `out[..n]`, a reply to the unauthenticated request `msg`, if it is at most
+    /// [`AMPLIFICATION_FACTOR`] times as large; otherwise nothing, counted.
+    fn within_amplification_bound(&mut self, msg: &Message<'_>, n: usize) -> ClientAction {
+        if n <= AMPLIFICATION_FACTOR * msg.as_bytes().len() {
+            ClientAction::Reply(n)
+        } else {
+            ClientAction::Drop(self.dropped(DropReason::Amplification))
         }
     }
 

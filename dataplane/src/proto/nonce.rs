@@ -1,9 +1,15 @@
 //! Stateless nonces: nothing is stored per client before it authenticates.
 //!
-//! A nonce is `<issued-at, 8 hex digits of unix seconds><HMAC-SHA256(key, issued-at ‖ client
-//! address) truncated to 12 bytes, hex>`. It is bound to the client's transport address and
-//! is valid for at most [`NONCE_LIFETIME_SECS`].
+//! A nonce is the unpadded base64url of `issued-at (4 bytes, unix seconds) ‖ HMAC-SHA256(key,
+//! issued-at ‖ client address) truncated to 8 bytes`: 16 characters. It is bound to the
+//! client's transport address and is valid for at most [`NONCE_LIFETIME_SECS`].
+//!
+//! Short on purpose: a 401 must fit 3x the smallest real Allocate (28 bytes, see
+//! `Engine::handle_client`). 64 bits of MAC still take 2^63 online guesses to forge one, and a
+//! forged nonce only spares a client the round trip of a 401; the password is still needed.
 
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::net::SocketAddr;
@@ -11,9 +17,11 @@ use std::net::SocketAddr;
 /// How long a nonce stays valid (RFC 8656 recommends an hour at most).
 pub const NONCE_LIFETIME_SECS: u64 = 3600;
 
-const MAC_LEN: usize = 12;
-/// Length of a nonce string: 8 hex digits of time plus 24 hex digits of MAC.
-pub const NONCE_LEN: usize = 8 + 2 * MAC_LEN;
+const MAC_LEN: usize = 8;
+/// Issued-at and MAC, before encoding.
+const RAW_LEN: usize = 4 + MAC_LEN;
+/// Length of a nonce string: base64 of [`RAW_LEN`] bytes (a multiple of 3: no padding).
+pub const NONCE_LEN: usize = RAW_LEN / 3 * 4;
 
 /// Issues and checks nonces under one secret key.
 #[derive(Clone)]
@@ -50,51 +58,43 @@ impl NonceIssuer {
         out
     }
 
-    /// A fresh nonce for `client` at `now_unix`, written as ASCII hex into `out`.
+    /// A fresh nonce for `client` at `now_unix`, as ASCII.
     pub fn issue(&self, now_unix: u64, client: SocketAddr) -> [u8; NONCE_LEN] {
         let issued_at = now_unix as u32;
+        let mut raw = [0u8; RAW_LEN];
+        raw[..4].copy_from_slice(&issued_at.to_be_bytes());
+        raw[4..].copy_from_slice(&self.mac(issued_at, client));
         let mut out = [0u8; NONCE_LEN];
-        hex_into(&issued_at.to_be_bytes(), &mut out[..8]);
-        hex_into(&self.mac(issued_at, client), &mut out[8..]);
+        let written = URL_SAFE_NO_PAD
+            .encode_slice(raw, &mut out)
+            .expect("NONCE_LEN is the encoded length of RAW_LEN bytes");
+        debug_assert_eq!(written, NONCE_LEN);
         out
     }
 
     /// Checks a nonce a client sent back.
     pub fn check(&self, nonce: &str, now_unix: u64, client: SocketAddr) -> NonceCheck {
-        let bytes = nonce.as_bytes();
-        if bytes.len() != NONCE_LEN {
+        let mut raw = [0u8; RAW_LEN];
+        if nonce.len() != NONCE_LEN || URL_SAFE_NO_PAD.decode_slice(nonce, &mut raw) != Ok(RAW_LEN)
+        {
             return NonceCheck::Stale;
         }
-        let Some(issued_at) = std::str::from_utf8(&bytes[..8])
-            .ok()
-            .and_then(|t| u32::from_str_radix(t, 16).ok())
-        else {
-            return NonceCheck::Stale;
-        };
+        let issued_at = u32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]);
         let issued_at_unix = u64::from(issued_at);
         if issued_at_unix > now_unix || now_unix - issued_at_unix > NONCE_LIFETIME_SECS {
             return NonceCheck::Stale;
         }
-        let mut expected = [0u8; 2 * MAC_LEN];
-        hex_into(&self.mac(issued_at, client), &mut expected);
         // Constant-time compare: the MAC is the secret-derived part.
-        let diff = expected
+        let diff = self
+            .mac(issued_at, client)
             .iter()
-            .zip(&bytes[8..])
+            .zip(&raw[4..])
             .fold(0u8, |acc, (a, b)| acc | (a ^ b));
         if diff == 0 {
             NonceCheck::Valid
         } else {
             NonceCheck::Stale
         }
-    }
-}
-
-fn hex_into(bytes: &[u8], out: &mut [u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for (i, b) in bytes.iter().enumerate() {
-        out[2 * i] = HEX[usize::from(b >> 4)];
-        out[2 * i + 1] = HEX[usize::from(b & 0x0f)];
     }
 }
 

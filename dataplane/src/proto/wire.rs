@@ -46,6 +46,14 @@ impl ErrorReply {
         }
     }
 
+    /// The same reply with an empty reason phrase (8 bytes of ERROR-CODE instead of up to 36).
+    pub fn without_reason(&self) -> Self {
+        ErrorReply {
+            reason: "",
+            ..self.clone()
+        }
+    }
+
     /// Adds REALM and NONCE (401 and 438, RFC 8489 §9.2.4).
     pub fn with_challenge(mut self, realm: &str, nonce: &[u8; NONCE_LEN]) -> Self {
         self.challenge = Some((realm.to_owned(), *nonce));
