@@ -1518,3 +1518,153 @@ fn every_reply_to_an_unauthenticated_request_is_at_most_3x_its_size() {
     }
     assert!(h.engine.stats().dropped[DropReason::Amplification.index()] > 0);
 }
+
+/// A small xorshift generator: property tests run a fixed list of seeds, so a failure
+/// reproduces.
+struct Xorshift(u64);
+
+impl Xorshift {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn accounting_invariants_hold_after_any_sequence_of_operations() {
+    const USERS: [&str; 3] = ["alice", "bob", "carol"];
+    const CLIENTS: usize = 8;
+    let (mut created, mut refused, mut failed_binds) = (0u64, 0u64, 0u64);
+    for seed in [1u64, 2, 3, 0xdead_beef, 0x1234_5678_9abc, 42, 7, 99] {
+        let ledger = std::sync::Arc::new(uturn_dataplane::proto::AllocationLedger::new());
+        let tune = |c: &mut EngineConfig| {
+            c.limits.max_allocations = 5;
+            c.limits.challenge_rate = 0;
+            c.ledger = ledger.clone();
+        };
+        // Two shards sharing the ledger; user quota 2.
+        let mut shards = [
+            Harness::with(&quota_config(2), tune),
+            Harness::with(&quota_config(2), tune),
+        ];
+        let from = |i: usize| format!("192.0.2.{}:{}", 10 + i % 3, 1000 + i);
+        let shard_of = |i: usize| i % 2;
+        let mut clients: Vec<Client> = (0..CLIENTS)
+            .map(|i| ephemeral_client(USERS[i % USERS.len()]))
+            .collect();
+        // The user whose quota each client's live allocation holds, from its success reply.
+        let mut holder: Vec<Option<&str>> = vec![None; CLIENTS];
+        let (mut opened, mut closed, mut bind_failures) = (0u64, 0u64, 0u64);
+        let mut rng = Xorshift(seed);
+        for step in 0..400 {
+            let i = rng.below(CLIENTS as u64) as usize;
+            let h = &mut shards[shard_of(i)];
+            let op = rng.below(6);
+            match op {
+                // Allocate; its relay bind succeeds (0) or fails (1).
+                0 | 1 => {
+                    clients[i].learn_nonce(h, &from(i));
+                    let request = clients[i].build(ALLOCATE, TransactionId::generate(), &udp, true);
+                    let spec = h.snap.listeners[0].clone();
+                    let action = h.engine.handle_client(
+                        h.now,
+                        &h.snap,
+                        ListenerRef {
+                            id: ListenerId(1),
+                            spec: &spec,
+                        },
+                        from(i).parse().unwrap(),
+                        &request,
+                        &mut h.out,
+                    );
+                    if let ClientAction::AllocateRelay(relay) = action {
+                        let bound = if op == 0 {
+                            opened += 1;
+                            h.next_port += 2;
+                            Ok(h.next_port)
+                        } else {
+                            bind_failures += 1;
+                            Err(())
+                        };
+                        let n = h
+                            .engine
+                            .complete_allocate(h.now, relay.relay, bound, &mut h.out)
+                            .unwrap();
+                        let reply = Message::from_bytes(&h.out[..n]).unwrap();
+                        if reply.class() == MessageClass::Success {
+                            holder[i] = Some(USERS[i % USERS.len()]);
+                        }
+                    }
+                }
+                // Refresh to a random lifetime; 0 deletes.
+                2 => {
+                    let seconds = [0, 0, 30, 300, 700][rng.below(5) as usize];
+                    let lifetime = move |m: &mut MessageWriteVec, _: TransactionId| {
+                        m.add_attribute(&Lifetime::new(seconds)).unwrap();
+                    };
+                    clients[i].call_from(h, &from(i), REFRESH, &lifetime);
+                }
+                // Time passes; allocations expire.
+                3 => {
+                    let secs = [1, 29, 31, 299, 601][rng.below(5) as usize];
+                    h.advance(secs);
+                }
+                // The client's connection closes.
+                4 => h
+                    .engine
+                    .close_client(ListenerId(1), from(i).parse().unwrap()),
+                // A retransmitted (or replayed) Allocate, and a Binding: nothing changes.
+                _ => {
+                    let binding = Message::builder_request(BINDING, MessageWriteVec::new());
+                    h.request(&from(i), &binding.finish());
+                }
+            }
+            for h in shards.iter_mut() {
+                while h.engine.poll_close().is_some() {
+                    closed += 1;
+                }
+            }
+            for (i, held) in holder.iter_mut().enumerate() {
+                if !shards[shard_of(i)]
+                    .engine
+                    .has_allocation(ListenerId(1), from(i).parse().unwrap())
+                {
+                    *held = None;
+                }
+            }
+            let case = format!("seed {seed:#x}, step {step}, op {op} on client {i}");
+            let live: usize = shards.iter().map(|h| h.engine.allocation_count()).sum();
+            for user in USERS {
+                let holding = holder.iter().filter(|&&u| u == Some(user)).count();
+                assert_eq!(ledger.held_by(user) as usize, holding, "{case}: {user}");
+            }
+            assert_eq!(ledger.total(), live, "{case}: ledger total");
+            assert_eq!(opened, closed + live as u64, "{case}: relay sockets");
+            for h in &shards {
+                let stats = h.engine.stats();
+                assert_eq!(
+                    stats.allocations_created - stats.allocations_deleted,
+                    h.engine.allocation_count() as u64,
+                    "{case}: created - deleted"
+                );
+            }
+        }
+        // The sequences went through every outcome: allocations, quota and cap refusals, and
+        // failed binds.
+        created += shards
+            .iter()
+            .map(|h| h.engine.stats().allocations_created)
+            .sum::<u64>();
+        refused += shards
+            .iter()
+            .map(|h| h.engine.stats().quota_refusals)
+            .sum::<u64>();
+        failed_binds += bind_failures;
+    }
+    assert!(
+        created > 100 && refused > 10 && failed_binds > 10,
+        "{created} {refused} {failed_binds}"
+    );
+}
