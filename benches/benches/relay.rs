@@ -49,6 +49,7 @@ fn bench(engine: IoEngine, quick: bool) {
         nonce_key: [9; 32],
         engine,
         limits: Default::default(),
+        stream_limits: Default::default(),
     })
     .unwrap();
     std::thread::sleep(Duration::from_millis(300));

@@ -8,9 +8,12 @@ use std::os::fd::RawFd;
 
 /// Datagrams per `recvmmsg`/`sendmmsg` call.
 pub const BATCH: usize = 32;
-/// Room per datagram buffer: more than [`super::shard`]'s oversize limit, so a datagram too
-/// big for a TURN message is seen as such rather than truncated silently.
+/// Room per datagram buffer by default: more than [`super::shard`]'s oversize limit for client
+/// datagrams, so a datagram too big is seen as such rather than truncated silently. A queued
+/// datagram larger than this is sent on its own ([`SendQueue::push`]).
 const SLOT: usize = 2048;
+/// The largest UDP payload (65 535 bytes less the IPv4 and UDP headers).
+pub const MAX_UDP_PAYLOAD: usize = 65_507;
 
 /// The kernel's form of a socket address, and its length.
 #[derive(Clone, Copy)]
@@ -70,21 +73,25 @@ impl RawName {
     }
 }
 
-/// [`BATCH`] buffers, addresses and the `mmsghdr`s that point at them.
+/// [`BATCH`] buffers of `slot` bytes each (one allocation), addresses and the `mmsghdr`s
+/// that point at them.
 struct Slots {
-    bufs: Box<[[u8; SLOT]]>,
+    bufs: Box<[u8]>,
+    slot: usize,
     names: Box<[RawName]>,
     iovecs: Box<[libc::iovec]>,
     headers: Box<[libc::mmsghdr]>,
 }
 
 impl Slots {
-    /// Each header's one iovec starts `offset` bytes into its buffer and is `len` long.
-    fn new(offset: usize, len: usize) -> Slots {
-        let mut bufs = vec![[0u8; SLOT]; BATCH].into_boxed_slice();
+    /// Buffers of `slot` bytes; each header's one iovec starts `offset` bytes into its buffer
+    /// and is `len` long.
+    fn new(slot: usize, offset: usize, len: usize) -> Slots {
+        // Zeroed pages are only touched (and only count in RSS) once a datagram lands there.
+        let mut bufs = vec![0u8; slot * BATCH].into_boxed_slice();
         let mut names = vec![RawName::empty(); BATCH].into_boxed_slice();
         let mut iovecs: Box<[libc::iovec]> = bufs
-            .iter_mut()
+            .chunks_exact_mut(slot)
             .map(|b| libc::iovec {
                 iov_base: b[offset..].as_mut_ptr().cast(),
                 iov_len: len,
@@ -105,6 +112,7 @@ impl Slots {
             .collect();
         Slots {
             bufs,
+            slot,
             names,
             iovecs,
             headers,
@@ -115,7 +123,8 @@ impl Slots {
 /// Up to [`BATCH`] received datagrams. Each lands `headroom` bytes into its buffer, so a
 /// ChannelData header can be framed in front of it in place.
 pub struct RecvBatch {
-    bufs: Box<[[u8; SLOT]]>,
+    bufs: Box<[u8]>,
+    slot: usize,
     names: Box<[RawName]>,
     /// Pointed at by `headers`; kept alive, never read directly.
     _iovecs: Box<[libc::iovec]>,
@@ -138,14 +147,24 @@ pub struct Datagram<'a> {
 impl RecvBatch {
     /// Buffers for [`BATCH`] datagrams, each received after `headroom` bytes.
     pub fn new(headroom: usize) -> RecvBatch {
+        RecvBatch::with_room(headroom, SLOT - headroom)
+    }
+
+    /// As [`RecvBatch::new`], with room for datagrams of up to `max_datagram` bytes (a larger
+    /// one is flagged [`Datagram::truncated`]).
+    pub fn with_room(headroom: usize, max_datagram: usize) -> RecvBatch {
+        // One byte more than the largest datagram, so that one that fills it was larger.
+        let slot = headroom + max_datagram + 1;
         let Slots {
             bufs,
+            slot,
             names,
             iovecs,
             headers,
-        } = Slots::new(headroom, SLOT - headroom);
+        } = Slots::new(slot, headroom, slot - headroom);
         RecvBatch {
             bufs,
+            slot,
             names,
             _iovecs: iovecs,
             headers,
@@ -194,7 +213,7 @@ impl RecvBatch {
             len: header.msg_len as usize,
             truncated: header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
             from: name.to_addr(),
-            buf: &mut self.bufs[i][..],
+            buf: &mut self.bufs[i * self.slot..(i + 1) * self.slot],
         }
     }
 }
@@ -208,7 +227,7 @@ struct Queued {
 
 /// Datagrams waiting for one `sendmmsg` per run of the same socket.
 pub struct SendQueue {
-    bufs: Box<[[u8; SLOT]]>,
+    bufs: Box<[u8]>,
     names: Box<[RawName]>,
     iovecs: Box<[libc::iovec]>,
     headers: Box<[libc::mmsghdr]>,
@@ -235,7 +254,8 @@ impl SendQueue {
             names,
             iovecs,
             headers,
-        } = Slots::new(0, 0);
+            ..
+        } = Slots::new(SLOT, 0, 0);
         SendQueue {
             bufs,
             names,
@@ -254,7 +274,9 @@ impl SendQueue {
     }
 
     /// Queues a copy of `data` for `to` on `fd`. When the queue is full it is flushed first,
-    /// reporting each outcome to `done` as in [`SendQueue::flush`].
+    /// reporting each outcome to `done` as in [`SendQueue::flush`]. A datagram larger than a
+    /// slot (a jumbo datagram, or ChannelData a TCP client sent) goes out at once, after what
+    /// is queued so that order holds: nothing is ever cut.
     pub fn push(
         &mut self,
         fd: RawFd,
@@ -263,12 +285,18 @@ impl SendQueue {
         tag: usize,
         done: &mut impl FnMut(usize, io::Result<usize>),
     ) {
-        if self.queued.len() == BATCH {
+        if self.queued.len() == BATCH || data.len() > SLOT {
             self.flush(done);
         }
+        if data.len() > SLOT {
+            let outcome = super::socket::try_send_to(fd, data, to)
+                .and_then(|sent| sent.ok_or_else(|| io::ErrorKind::WouldBlock.into()));
+            done(tag, outcome);
+            return;
+        }
         let i = self.queued.len();
-        let len = data.len().min(SLOT);
-        self.bufs[i][..len].copy_from_slice(&data[..len]);
+        let len = data.len();
+        self.bufs[i * SLOT..i * SLOT + len].copy_from_slice(data);
         self.names[i] = RawName::from_addr(to);
         self.iovecs[i].iov_len = len;
         self.queued.push(Queued { fd, len, tag });
@@ -505,5 +533,40 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert_eq!(batch.recv(server.as_raw_fd()).unwrap(), 1);
         assert!(batch.get(0).truncated);
+    }
+
+    #[test]
+    fn datagrams_larger_than_a_slot_go_whole_and_in_order() {
+        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = receiver.local_addr().unwrap();
+        let plan: Vec<Vec<u8>> = [100usize, 3000, 100, 9000, 65_000, 1200]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| (i * 7 + j) as u8).collect())
+            .collect();
+        let mut queue = SendQueue::new();
+        let mut outcomes = Vec::new();
+        for (i, data) in plan.iter().enumerate() {
+            queue.push(sender.as_raw_fd(), data, to, i, &mut |tag, r| {
+                outcomes.push((tag, r.unwrap()))
+            });
+        }
+        queue.flush(&mut |tag, r| outcomes.push((tag, r.unwrap())));
+        let want: Vec<(usize, usize)> = plan.iter().map(Vec::len).enumerate().collect();
+        assert_eq!(outcomes, want);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut batch = RecvBatch::with_room(4, MAX_UDP_PAYLOAD);
+        let mut got = Vec::new();
+        while got.len() < plan.len() {
+            let n = batch.recv(receiver.as_raw_fd()).unwrap();
+            assert!(n > 0, "datagrams missing: got {}", got.len());
+            for i in 0..n {
+                let d = batch.get(i);
+                assert!(!d.truncated);
+                got.push(d.buf[4..4 + d.len].to_vec());
+            }
+        }
+        assert_eq!(got, plan, "every datagram whole, in the order queued");
     }
 }

@@ -85,6 +85,12 @@ pub struct ShardReport {
     pub quota_refused: u64,
     /// Datagrams the kernel would not take (a full socket buffer, or a send error).
     pub send_failed: u64,
+    /// TCP/TLS connections closed at accept for a cap: per client address, and in total.
+    pub refused_connections: [u64; 2],
+    /// Bytes of memory TCP/TLS connections' buffers hold now.
+    pub stream_buffer_bytes: u64,
+    /// TCP/TLS connections whose client holds no allocation yet.
+    pub unauthenticated_connections: u64,
 }
 
 fn escape(value: &str) -> String {
@@ -239,5 +245,41 @@ pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
     let _ = writeln!(
         out,
         "uturn_dropped_datagrams_total{{reason=\"send_failed\"}} {send_failed}"
+    );
+    let sum = |pick: fn(&ShardReport) -> u64| -> u64 { reports.iter().map(pick).sum() };
+    family(
+        out,
+        "uturn_refused_connections_total",
+        "counter",
+        "TCP/TLS connections closed at accept for a cap on unauthenticated connections",
+    );
+    for (i, reason) in ["per_ip", "total"].into_iter().enumerate() {
+        let n: u64 = reports.iter().map(|r| r.refused_connections[i]).sum();
+        let _ = writeln!(
+            out,
+            "uturn_refused_connections_total{{reason=\"{reason}\"}} {n}"
+        );
+    }
+    family(
+        out,
+        "uturn_unauthenticated_connections",
+        "gauge",
+        "TCP/TLS connections whose client holds no allocation yet",
+    );
+    let _ = writeln!(
+        out,
+        "uturn_unauthenticated_connections {}",
+        sum(|r| r.unauthenticated_connections)
+    );
+    family(
+        out,
+        "uturn_stream_buffer_bytes",
+        "gauge",
+        "Bytes of memory held by TCP/TLS connections' send and receive buffers",
+    );
+    let _ = writeln!(
+        out,
+        "uturn_stream_buffer_bytes {}",
+        sum(|r| r.stream_buffer_bytes)
     );
 }

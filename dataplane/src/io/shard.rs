@@ -11,7 +11,8 @@
 //! per client address over UDP listener sockets ([`dtls`]). Whatever the transport, the relay
 //! side is UDP and the same [`Engine`] decides.
 
-use super::batch::{Datagram, RecvBatch, SendQueue, BATCH};
+use super::admission::{Refused, StreamAdmission};
+use super::batch::{Datagram, RecvBatch, SendQueue, BATCH, MAX_UDP_PAYLOAD};
 use super::dtls;
 use super::groups::Take;
 use super::metrics::{Named, ShardReport};
@@ -19,7 +20,7 @@ use super::socket::{
     canonical, for_socket, listener_socket, prepare_stream, relay_socket, stream_listener_socket,
     try_send_to,
 };
-use super::stream::{stream_len, Closed, Conn};
+use super::stream::{set_notsent_lowat, stream_len, Closed, Conn, UNAUTHENTICATED_NOTSENT};
 use super::{tls, ShardStats};
 use crate::proto::{
     Bytes, ClientAction, DropReason, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction,
@@ -39,10 +40,12 @@ use std::time::{Duration, Instant};
 use uturn_shared::config::ListenerProtocol;
 use uturn_shared::snapshot::{ClusterId, ListenerSpec, Snapshot};
 
-/// Datagrams of this size or more are dropped as possibly truncated (as stunnerd).
+/// Client datagrams of this size or more are dropped as possibly truncated (as stunnerd).
+/// Peer datagrams and stream frames are relayed whole up to the UDP maximum.
 const MAX_DATAGRAM: usize = 1600;
-/// Scratch for replies and framed ChannelData.
-const BUFFER: usize = 2048;
+/// Scratch for replies and Data indications: room for the largest UDP payload and the
+/// indication's header and attributes around it.
+const BUFFER: usize = MAX_UDP_PAYLOAD + 256;
 /// How often a shard picks up a new snapshot, expires allocations and publishes counters.
 pub(super) const TICK: Duration = Duration::from_millis(100);
 /// Batches one readable socket may take before the shard serves the others.
@@ -69,6 +72,8 @@ pub(super) struct ShardSetup {
     pub stats: Arc<Vec<ShardStats>>,
     /// Datagram listener sockets, opened for all shards by the first to need them.
     pub groups: Arc<super::groups::ListenerGroups>,
+    /// Places for unauthenticated TCP/TLS connections, shared by all shards.
+    pub admission: Arc<StreamAdmission>,
 }
 
 /// How many of a TURN-UDP listener's `udp_thread_num` sockets shard `index` of `shards` opens.
@@ -229,6 +234,8 @@ struct Counters {
     unparsed: u64,
     /// Datagrams the kernel would not take (full socket buffer or an error).
     send_failed: u64,
+    /// TCP/TLS connections closed at accept, by [`Refused`] (per address, total).
+    refused_connections: [u64; 2],
     listeners: Named,
     clusters: Named,
     /// `ClusterId` → slot in `clusters`, for the snapshot generation `cluster_generation`.
@@ -334,8 +341,10 @@ pub(super) struct Shard<D: Driver> {
     next_listener_id: u32,
     counters: Counters,
     driver: D,
-    /// Taken while a batch is handled (so the shard can be borrowed alongside it).
+    /// Taken while a batch is handled (so the shard can be borrowed alongside it): one for
+    /// listener sockets, one with room for the largest datagrams for relay sockets.
     batch: Option<Box<RecvBatch>>,
+    relay_batch: Option<Box<RecvBatch>>,
     out: Box<[u8]>,
     /// Relayed client datagrams, tagged with their cluster's counter slot (or [`NO_SLOT`]):
     /// a run of datagrams for one relay socket (a video frame, say) leaves in one `sendmmsg`.
@@ -357,6 +366,7 @@ pub(super) struct Shard<D: Driver> {
     spare_fd: Option<std::os::fd::OwnedFd>,
     /// Warnings about exhausted resources (descriptors, ports), which a client can cause.
     resource_log: crate::proto::ratelimit::LogLimiter,
+    admission: Arc<StreamAdmission>,
 }
 
 /// The tag of a relayed datagram whose cluster has no counter slot.
@@ -379,6 +389,10 @@ impl<D: Driver> Shard<D> {
             counters: Counters::default(),
             driver,
             batch: Some(Box::new(RecvBatch::new(PEER_HEADROOM))),
+            relay_batch: Some(Box::new(RecvBatch::with_room(
+                PEER_HEADROOM,
+                MAX_UDP_PAYLOAD,
+            ))),
             out: vec![0u8; BUFFER].into_boxed_slice(),
             to_peers: SendQueue::new(),
             to_clients: SendQueue::new(),
@@ -391,6 +405,7 @@ impl<D: Driver> Shard<D> {
             next_sweep: Instant::now() + SWEEP,
             spare_fd: spare_fd(),
             resource_log: Default::default(),
+            admission: setup.admission.clone(),
         }
     }
 
@@ -439,6 +454,10 @@ impl<D: Driver> Shard<D> {
                 let c = c.as_ref()?;
                 let why = if c.handshake_deadline.is_some_and(|d| d <= now) {
                     Closed::Tls
+                } else if c.auth_deadline.is_some_and(|d| d <= now)
+                    && !engine.has_allocation(c.listener, c.client)
+                {
+                    Closed::Unauthenticated
                 } else if now.saturating_duration_since(c.last_rx) >= IDLE_WITHOUT_ALLOCATION
                     && !engine.has_allocation(c.listener, c.client)
                 {
@@ -474,6 +493,14 @@ impl<D: Driver> Shard<D> {
 
     /// Receives and handles what waits on the socket behind `token`, up to [`ROUNDS`] batches.
     pub fn readable(&mut self, token: Token) -> Readiness {
+        if let Token::Relay(relay) = token {
+            let Some(mut batch) = self.relay_batch.take() else {
+                return Readiness::Drained;
+            };
+            let readiness = self.relay_readable(&mut batch, relay);
+            self.relay_batch = Some(batch);
+            return readiness;
+        }
         let Some(mut batch) = self.batch.take() else {
             return Readiness::Drained;
         };
@@ -490,7 +517,7 @@ impl<D: Driver> Shard<D> {
                     Some(false) => self.listener_readable(&mut batch, id, usize::from(n)),
                 }
             }
-            Token::Relay(relay) => self.relay_readable(&mut batch, relay),
+            Token::Relay(_) => Readiness::Drained,
             Token::Conn(slot, generation) => self.conn_ready(slot, generation),
         };
         self.batch = Some(batch);
@@ -654,11 +681,27 @@ impl<D: Driver> Shard<D> {
         let Some(listener) = self.listeners.iter_mut().find(|l| l.id == id) else {
             return;
         };
+        // Closing the socket at once (dropping it) tells the client, and keeps the listener's
+        // backlog moving.
+        let place = match self.admission.enter(client.ip()) {
+            Ok(place) => place,
+            Err(why) => {
+                self.counters.refused_connections[why as usize] += 1;
+                if let Some(suppressed) = self.resource_log.allow(Instant::now()) {
+                    tracing::warn!(target: "stunner", "connection from {client} refused: {}{suppressed}", match why {
+                        Refused::PerIp => "too many unauthenticated connections from its address (--max-unauthenticated-connections-per-ip)",
+                        Refused::Total => "too many unauthenticated connections (--max-unauthenticated-connections)",
+                    });
+                }
+                return;
+            }
+        };
         let tls = match &listener.kind {
             Kind::Tls(config) => match ServerConnection::new(config.clone()) {
                 Ok(tls) => Some(Box::new(tls)),
                 Err(e) => {
                     tracing::warn!(target: "stunner", "TLS session setup failed: {e}");
+                    self.admission.leave(place);
                     return;
                 }
             },
@@ -666,8 +709,13 @@ impl<D: Driver> Shard<D> {
         };
         if let Err(e) = prepare_stream(&socket) {
             tracing::debug!(target: "stunner", "cannot use connection from {client}: {e}");
+            self.admission.leave(place);
             return;
         }
+        set_notsent_lowat(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            UNAUTHENTICATED_NOTSENT,
+        );
         let slot = self.free_conns.pop().unwrap_or_else(|| {
             self.conns.push(None);
             self.conn_generations.push(0);
@@ -683,12 +731,14 @@ impl<D: Driver> Shard<D> {
             Err(e) => {
                 tracing::warn!(target: "stunner", "cannot watch connection from {client}: {e}");
                 self.free_conns.push(slot);
+                self.admission.leave(place);
                 return;
             }
         };
         listener.conns += 1;
         self.counters.listeners.opened[listener.metric] += 1;
-        let conn = Conn::new(fd, watch, generation, id, listener.metric, client, tls);
+        let mut conn = Conn::new(fd, watch, generation, id, listener.metric, client, tls);
+        conn.admission = Some(place);
         self.conns[slot as usize] = Some(conn);
         // A client reconnecting from the same address replaces its old connection.
         if let Some(old) = self.conn_by_client.insert((id, client), slot) {
@@ -770,6 +820,11 @@ impl<D: Driver> Shard<D> {
         }
         if let Some(conn) = self.conns.get_mut(slot as usize).and_then(Option::as_mut) {
             conn.restore_rx(rx);
+            if !conn.is_authenticated() && self.engine.has_allocation(id, client) {
+                if let Some(place) = conn.authenticated() {
+                    self.admission.leave(place);
+                }
+            }
             // TLS handshake records (or an alert) to send.
             if conn.pending() > 0 && !conn.dirty {
                 conn.dirty = true;
@@ -781,9 +836,12 @@ impl<D: Driver> Shard<D> {
 
     /// Closes connection `slot` and frees its allocation (`why`: logged when given).
     fn close_conn(&mut self, slot: u32, why: Option<Closed>) {
-        let Some(conn) = self.conns.get_mut(slot as usize).and_then(Option::take) else {
+        let Some(mut conn) = self.conns.get_mut(slot as usize).and_then(Option::take) else {
             return;
         };
+        if let Some(place) = conn.admission.take() {
+            self.admission.leave(place);
+        }
         if self.conn_by_client.get(&(conn.listener, conn.client)) == Some(&slot) {
             self.conn_by_client.remove(&(conn.listener, conn.client));
         }
@@ -1098,7 +1156,7 @@ impl<D: Driver> Shard<D> {
         let Some(peer) = datagram.from else {
             return;
         };
-        if datagram.truncated || datagram.len >= MAX_DATAGRAM {
+        if datagram.truncated {
             counters.unparsed += 1;
             return;
         }
@@ -1206,6 +1264,19 @@ impl<D: Driver> Shard<D> {
             auth_failed: engine.auth_failures,
             quota_refused: engine.quota_refusals,
             send_failed: self.counters.send_failed,
+            refused_connections: self.counters.refused_connections,
+            stream_buffer_bytes: self
+                .conns
+                .iter()
+                .flatten()
+                .map(|c| c.buffered() as u64)
+                .sum(),
+            unauthenticated_connections: self
+                .conns
+                .iter()
+                .flatten()
+                .filter(|c| !c.is_authenticated())
+                .count() as u64,
         };
         report.dropped[DropReason::Malformed.index()] += self.counters.unparsed;
         for open in report.listeners.open.iter_mut() {

@@ -19,6 +19,18 @@ const READ_CHUNK: usize = 16 << 10;
 const READ_ROUNDS: usize = 8;
 /// Bytes queued for one client (after TLS) beyond which datagrams for it are dropped.
 pub(super) const SEND_LIMIT: usize = 256 << 10;
+/// The same for a client that has not authenticated yet (no allocation): room for a few
+/// challenges, so that a client that pipelines requests and never reads holds little.
+pub(super) const UNAUTHENTICATED_SEND_LIMIT: usize = 4 << 10;
+/// What TLS adds to one frame at most: a frame of up to [`MAX_FRAME`] bytes spans five
+/// 16 KiB records, each with a header, a tag and padding well under 64 bytes.
+const TLS_OVERHEAD: usize = 5 * 64;
+/// The send buffer's capacity never exceeds this: the limit, plus one frame over it (the one
+/// that found room), plus what TLS adds, plus handshake records.
+pub(super) const SEND_CAPACITY: usize = SEND_LIMIT + MAX_FRAME + TLS_OVERHEAD + (16 << 10);
+/// A send buffer that empties keeps at most this much capacity, so a burst does not hold
+/// memory for the connection's whole life.
+const IDLE_CAPACITY: usize = 16 << 10;
 /// A TLS handshake must finish within this (as stunnerd).
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -35,7 +47,14 @@ pub(super) enum Closed {
     Tls,
     /// No allocation, and nothing from the client for a while.
     Idle,
+    /// No allocation within [`AUTHENTICATION_DEADLINE`] of the accept.
+    Unauthenticated,
 }
+
+/// A TCP/TLS client must hold an allocation this long after its connection was accepted, or
+/// the connection closes: whatever it sends meanwhile (Bindings, refused Allocates) does not
+/// extend it, so an unauthenticated connection holds its place for a bounded time.
+pub(super) const AUTHENTICATION_DEADLINE: Duration = Duration::from_secs(30);
 
 pub(super) struct Conn<W> {
     pub fd: RawFd,
@@ -49,13 +68,22 @@ pub(super) struct Conn<W> {
     tls: Option<Box<ServerConnection>>,
     /// Plaintext received and not yet handled.
     rx: Rx,
-    /// Bytes for the socket (ciphertext for TLS); `tx[tx_start..]` is pending.
+    /// Bytes for the socket (ciphertext for TLS); `tx[tx_start..]` is pending, `tx[..tx_start]`
+    /// is sent and reclaimed once it is at least as long as what is pending (so each byte is
+    /// moved at most once), and `tx`'s capacity stays within [`SEND_CAPACITY`].
     tx: Vec<u8>,
     tx_start: usize,
+    /// Pending bytes beyond which frames for this client are dropped: small until the client
+    /// holds an allocation ([`Conn::authenticated`]).
+    send_limit: usize,
     /// Until when the TLS handshake may run.
     pub handshake_deadline: Option<Instant>,
     /// When the client last sent bytes.
     pub last_rx: Instant,
+    /// Until when the client must have authenticated (held an allocation); `None` once it has.
+    pub auth_deadline: Option<Instant>,
+    /// The place this connection holds among the unauthenticated ones, until it authenticates.
+    pub admission: Option<super::admission::Place>,
     /// Whether the shard has it on its list of connections to flush.
     pub dirty: bool,
     /// Whether the engine was asked to report it writable.
@@ -82,10 +110,13 @@ impl<W> Conn<W> {
             client,
             handshake_deadline: tls.as_ref().map(|_| now + HANDSHAKE_TIMEOUT),
             last_rx: now,
+            auth_deadline: Some(now + AUTHENTICATION_DEADLINE),
+            admission: None,
             tls,
             rx: Rx::default(),
             tx: Vec::new(),
             tx_start: 0,
+            send_limit: UNAUTHENTICATED_SEND_LIMIT,
             dirty: false,
             want_write: false,
         }
@@ -117,7 +148,11 @@ impl<W> Conn<W> {
                         let state = tls.process_new_packets();
                         // Whatever rustls wants to say (an alert, handshake records) goes out
                         // even when the session failed.
-                        drain_tls(tls, &mut self.tx);
+                        if !drain_tls(tls, &mut self.tx, &mut self.tx_start) {
+                            // The client makes us write (handshakes, key updates) without
+                            // reading what we wrote.
+                            return Err(Closed::Tls);
+                        }
                         if let Err(e) = state {
                             tracing::debug!(target: "stunner", "TLS session of {} failed: {e}", self.client);
                             let _ = self.flush();
@@ -143,20 +178,26 @@ impl<W> Conn<W> {
         std::mem::take(&mut self.rx)
     }
 
-    /// Puts back the buffer [`Conn::take_rx`] lent.
-    pub fn restore_rx(&mut self, rx: Rx) {
+    /// Puts back the buffer [`Conn::take_rx`] lent. An unauthenticated client's buffer is
+    /// given back to the allocator once it is empty: thousands of such connections then hold
+    /// nothing but their place in the table.
+    pub fn restore_rx(&mut self, mut rx: Rx) {
+        if rx.pending() == 0 && !self.is_authenticated() {
+            rx = Rx::default();
+        }
         self.rx = rx;
     }
 
     /// Queues one frame for the client, `bytes` followed by zeros up to `padded_len`. `false`
     /// (nothing queued) when the client is too far behind.
     pub fn queue(&mut self, bytes: &[u8], padded_len: usize) -> bool {
-        if self.tx.len() - self.tx_start + padded_len > SEND_LIMIT {
+        if self.pending() + padded_len > self.send_limit {
             return false;
         }
         let pad = padded_len.saturating_sub(bytes.len());
         match self.tls.as_deref_mut() {
             None => {
+                make_room(&mut self.tx, &mut self.tx_start, padded_len);
                 self.tx.extend_from_slice(bytes);
                 self.tx.extend(std::iter::repeat_n(0u8, pad));
             }
@@ -165,7 +206,9 @@ impl<W> Conn<W> {
                 if writer.write_all(bytes).is_err() || writer.write_all(&[0u8; 3][..pad]).is_err() {
                     return false;
                 }
-                drain_tls(tls, &mut self.tx);
+                if !drain_tls(tls, &mut self.tx, &mut self.tx_start) {
+                    return false;
+                }
             }
         }
         true
@@ -181,7 +224,31 @@ impl<W> Conn<W> {
         }
         self.tx.clear();
         self.tx_start = 0;
+        if !self.is_authenticated() {
+            self.tx = Vec::new();
+        } else if self.tx.capacity() > IDLE_CAPACITY {
+            self.tx.shrink_to(IDLE_CAPACITY);
+        }
         Ok(true)
+    }
+
+    /// The client holds an allocation: from now on it may have up to [`SEND_LIMIT`] queued,
+    /// and the kernel's send queue is no longer held short. Gives back its admission place.
+    pub fn authenticated(&mut self) -> Option<super::admission::Place> {
+        self.send_limit = SEND_LIMIT;
+        self.auth_deadline = None;
+        set_notsent_lowat(self.fd, 0);
+        self.admission.take()
+    }
+
+    /// Whether the client has held an allocation on this connection.
+    pub fn is_authenticated(&self) -> bool {
+        self.auth_deadline.is_none()
+    }
+
+    /// Bytes of memory the connection's buffers hold (their capacity).
+    pub fn buffered(&self) -> usize {
+        self.tx.capacity() + self.rx.buf.capacity()
     }
 
     /// Bytes waiting for the socket.
@@ -213,9 +280,12 @@ impl Rx {
                 Ok(Some(range))
             }
             Ok(_) => {
-                // Keep only the incomplete frame.
+                // Keep only the incomplete frame; a buffer a large frame grew is given back.
                 self.buf.drain(..self.start);
                 self.start = 0;
+                if self.buf.is_empty() && self.buf.capacity() > IDLE_CAPACITY {
+                    self.buf.shrink_to(IDLE_CAPACITY);
+                }
                 Ok(None)
             }
         }
@@ -227,12 +297,54 @@ impl Rx {
     }
 }
 
-/// Moves rustls's outgoing records into `tx`.
-fn drain_tls(tls: &mut ServerConnection, tx: &mut Vec<u8>) {
+/// Makes room in `tx` for `more` bytes: reclaims the sent prefix once it is at least as long
+/// as what is pending (or when the bytes would not fit otherwise), and grows the capacity by
+/// doubling, never past [`SEND_CAPACITY`] unless a single frame needs it.
+fn make_room(tx: &mut Vec<u8>, tx_start: &mut usize, more: usize) {
+    if *tx_start > 0 && (*tx_start >= tx.len() - *tx_start || tx.len() + more > tx.capacity()) {
+        tx.drain(..*tx_start);
+        *tx_start = 0;
+    }
+    let needed = tx.len() + more;
+    if needed > tx.capacity() {
+        let target = (tx.capacity() * 2).clamp(needed, SEND_CAPACITY.max(needed));
+        tx.reserve_exact(target - tx.len());
+    }
+}
+
+/// Moves rustls's outgoing records into `tx`. `false` if that would take `tx` past
+/// [`SEND_CAPACITY`] (the records stay with rustls, and the connection should close).
+fn drain_tls(tls: &mut ServerConnection, tx: &mut Vec<u8>, tx_start: &mut usize) -> bool {
     while tls.wants_write() {
-        if tls.write_tls(tx).is_err() {
+        // One record at a time, at most a 16 KiB record with its overhead.
+        make_room(tx, tx_start, (16 << 10) + 64);
+        if tx.len() - *tx_start > SEND_CAPACITY - (16 << 10) - 64 {
+            return false;
+        }
+        if tls.write_tls(&mut TlsSink(tx)).is_err() {
             break;
         }
+    }
+    true
+}
+
+/// Takes one `write_tls` call's records without letting the buffer grow on its own: rustls
+/// writes at most what [`make_room`] made room for.
+struct TlsSink<'a>(&'a mut Vec<u8>);
+
+impl Write for TlsSink<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let room = self.0.capacity() - self.0.len();
+        let n = buf.len().min(room);
+        if n == 0 && !buf.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.0.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -246,6 +358,27 @@ fn read_plaintext(tls: &mut ServerConnection, rx: &mut Vec<u8>) -> Result<(), Cl
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(_) => return Err(Closed::Tls),
         }
+    }
+}
+
+/// Unsent bytes the kernel keeps for an unauthenticated client: a client that never reads
+/// cannot make the socket hold more than this beyond what its window took.
+pub(super) const UNAUTHENTICATED_NOTSENT: u32 = 4 << 10;
+
+/// Sets `TCP_NOTSENT_LOWAT` on `fd`: sends fail with EAGAIN once `bytes` wait unsent (0: the
+/// system default, no limit). Unlike a small `SO_SNDBUF` this can be undone, so an
+/// authenticated connection keeps the kernel's buffer autotuning.
+pub(super) fn set_notsent_lowat(fd: RawFd, bytes: u32) {
+    let value = bytes as libc::c_int;
+    // SAFETY: plain setsockopt with a valid int; failure only leaves the default.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
     }
 }
 

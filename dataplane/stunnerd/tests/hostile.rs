@@ -725,3 +725,393 @@ fn dtls_sessions_start_only_after_a_cookie_round_trip() {
     assert!(wait_until(2, || sessions() == Some(1.0)));
     assert!(server.logs().lines().all(|l| !l.contains("panicked")));
 }
+
+/// Splits whole TURN frames (STUN messages, padded ChannelData) off the front of `stream`.
+fn take_frames(stream: &mut Vec<u8>) -> Vec<Vec<u8>> {
+    let mut frames = Vec::new();
+    let mut start = 0;
+    while let Ok(Some(n)) = uturn_shared::framing::frame_len(&stream[start..]) {
+        if start + n > stream.len() {
+            break;
+        }
+        frames.push(stream[start..start + n].to_vec());
+        start += n;
+    }
+    stream.drain(..start);
+    frames
+}
+
+/// One non-blocking read of at most `max` bytes into `into`; 0 when nothing waits.
+fn read_some(conn: &TcpStream, max: usize, into: &mut Vec<u8>) -> usize {
+    let mut buf = vec![0u8; max];
+    conn.set_nonblocking(true).unwrap();
+    let n = std::io::Read::read(&mut &*conn, &mut buf).unwrap_or(0);
+    conn.set_nonblocking(false).unwrap();
+    into.extend_from_slice(&buf[..n]);
+    n
+}
+
+/// A UDP echo peer with room for the largest datagram, for `secs` seconds.
+fn big_echo_peer(secs: u64) -> SocketAddr {
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let addr = socket.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65_536];
+        let until = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < until {
+            if let Ok((n, from)) = socket.recv_from(&mut buf) {
+                let _ = socket.send_to(&buf[..n], from);
+            }
+        }
+    });
+    addr
+}
+
+const SLOW_READ: usize = 12 << 10;
+const SLOW_SECS: u64 = 22;
+
+/// Two TCP clients that keep reading, but more slowly than they are sent to: one allocated,
+/// whose peer sends it 2 MB/s, and one unauthenticated that pipelines Bindings. Each reads
+/// 12 KB every 50 ms for 22 s. The server's memory stays flat (the send queue is bounded
+/// whatever the pattern of partial sends), its connection buffers stay within the bound, and
+/// what the clients do read arrives whole and in order.
+#[test]
+fn slow_stream_readers_hold_bounded_memory() {
+    let _serial = serial();
+    let (turn, tcp, metrics) = (free_port(), free_port(), free_port());
+    let (server, _config) = start(&udp_tcp_config(turn, tcp, metrics), metrics, &[]);
+    let tcp_target: SocketAddr = ([127, 0, 0, 1], tcp).into();
+    let mut receiver = BenchClient::allocate_over(tcp_target, "user1", "pass1", true).unwrap();
+    let blaster = UdpSocket::bind("127.0.0.1:0").unwrap();
+    receiver
+        .bind_channel(0x4000, blaster.local_addr().unwrap())
+        .unwrap();
+    let uturn_perf::client::Link::Tcp(receiver_conn) = &receiver.socket else {
+        unreachable!("a TCP client");
+    };
+    let relay = receiver.relay;
+    let sender = std::thread::spawn(move || {
+        // 100 datagrams of 1000 bytes every 50 ms: 2 MB/s. Each carries its sequence number
+        // and is filled with its low byte, so a reader can tell order and integrity.
+        let mut seq = 0u64;
+        let until = Instant::now() + Duration::from_secs(SLOW_SECS);
+        while Instant::now() < until {
+            let tick = Instant::now();
+            for _ in 0..100 {
+                let mut datagram = vec![seq as u8; 1000];
+                datagram[..8].copy_from_slice(&seq.to_be_bytes());
+                let _ = blaster.send_to(&datagram, relay);
+                seq += 1;
+            }
+            std::thread::sleep(Duration::from_millis(50).saturating_sub(tick.elapsed()));
+        }
+        seq
+    });
+    let pipeliner = TcpStream::connect(tcp_target).unwrap();
+    let binding = build_request(stun_proto::types::message::BINDING, &|_, _| {}, None).unwrap();
+    let bindings: Vec<u8> = binding.repeat(500);
+
+    let (mut received, mut answers) = (Vec::new(), Vec::new());
+    let (mut last_seq, mut frames, mut binding_answers) = (None::<u64>, 0u64, 0u64);
+    let (mut rss, mut buffered) = (Vec::new(), Vec::new());
+    let started = Instant::now();
+    let mut next_sample = started;
+    while started.elapsed() < Duration::from_secs(SLOW_SECS) {
+        let tick = Instant::now();
+        // 500 Bindings (10 KB) every 50 ms, never waiting for the server to take them.
+        pipeliner.set_nonblocking(true).unwrap();
+        let _ = (&pipeliner).write(&bindings);
+        pipeliner.set_nonblocking(false).unwrap();
+        read_some(receiver_conn, SLOW_READ, &mut received);
+        read_some(&pipeliner, SLOW_READ, &mut answers);
+        for frame in take_frames(&mut received) {
+            assert_eq!(
+                &frame[..2],
+                &[0x40, 0x00],
+                "not our channel: {:?}",
+                &frame[..4]
+            );
+            let payload = &frame[4..4 + usize::from(u16::from_be_bytes([frame[2], frame[3]]))];
+            assert_eq!(payload.len(), 1000);
+            let seq = u64::from_be_bytes(payload[..8].try_into().unwrap());
+            assert!(
+                payload[8..].iter().all(|&b| b == seq as u8),
+                "datagram {seq} corrupted"
+            );
+            assert!(
+                last_seq.is_none_or(|last| seq > last),
+                "{seq} after {last_seq:?}"
+            );
+            last_seq = Some(seq);
+            frames += 1;
+        }
+        for frame in take_frames(&mut answers) {
+            let msg = Message::from_bytes(&frame).expect("a whole STUN message");
+            assert!(msg.has_class(stun_proto::types::message::MessageClass::Success));
+            binding_answers += 1;
+        }
+        if tick >= next_sample {
+            next_sample += Duration::from_secs(1);
+            rss.push(rss_kib(&server));
+            buffered.push(metric(metrics, "uturn_stream_buffer_bytes ").unwrap_or(0.0));
+        }
+        std::thread::sleep(Duration::from_millis(50).saturating_sub(tick.elapsed()));
+    }
+    let sent = sender.join().unwrap();
+    // After 4 s every buffer has reached its steady size; from then on nothing may grow.
+    let baseline = rss[4];
+    let peak = *rss[4..].iter().max().unwrap();
+    eprintln!(
+        "RSS KiB per second: {rss:?}; stream buffer bytes: {buffered:?}; {frames} of {sent} \
+         datagrams and {binding_answers} Binding answers read"
+    );
+    assert!(
+        peak <= baseline + 2048,
+        "RSS grew from {baseline} KiB to {peak} KiB under slow readers: {rss:?}"
+    );
+    let most = buffered.iter().cloned().fold(0.0, f64::max);
+    assert!(
+        most <= (1 << 20) as f64,
+        "connection buffers held {most} bytes: {buffered:?}"
+    );
+    assert!(frames >= 1000, "only {frames} datagrams read");
+    assert!(
+        binding_answers >= 100,
+        "only {binding_answers} Binding answers read"
+    );
+    assert!(server.logs().lines().all(|l| !l.contains("panicked")));
+}
+
+/// ChannelData larger than a UDP client could send (3 000 and 9 000 bytes, and near the
+/// 65 535-byte maximum) goes through a TCP client's allocation whole, both ways.
+#[test]
+fn large_channel_data_over_tcp_is_relayed_whole() {
+    let _serial = serial();
+    let (turn, tcp, metrics) = (free_port(), free_port(), free_port());
+    let (server, _config) = start(&udp_tcp_config(turn, tcp, metrics), metrics, &[]);
+    let tcp_target: SocketAddr = ([127, 0, 0, 1], tcp).into();
+    let peer = big_echo_peer(20);
+    let mut client = BenchClient::allocate_over(tcp_target, "user1", "pass1", true).unwrap();
+    client.bind_channel(0x4001, peer).unwrap();
+    let uturn_perf::client::Link::Tcp(conn) = &client.socket else {
+        unreachable!("a TCP client");
+    };
+    let mut stream = Vec::new();
+    for size in [3000usize, 9000, 65_000, 1200] {
+        let payload: Vec<u8> = (0..size).map(|i| (i * 13 + size) as u8).collect();
+        let mut frame = uturn_perf::client::channel_data_header(0x4001, size).to_vec();
+        frame.extend_from_slice(&payload);
+        frame.resize(uturn_shared::framing::padded(frame.len()), 0);
+        (&*conn).write_all(&frame).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let echoed = loop {
+            read_some(conn, 1 << 17, &mut stream);
+            if let Some(frame) = take_frames(&mut stream).pop() {
+                break frame;
+            }
+            assert!(Instant::now() < deadline, "no echo of {size} bytes");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(&echoed[..2], &[0x40, 0x01]);
+        let len = usize::from(u16::from_be_bytes([echoed[2], echoed[3]]));
+        assert_eq!(len, size, "echo of {size} bytes came back as {len}");
+        assert!(
+            echoed[4..4 + len] == payload[..],
+            "{size} bytes changed on the way"
+        );
+    }
+    // A Send indication carries a large payload whole too; the answer comes on the channel.
+    let payload = vec![0x5au8; 9000];
+    (&*conn)
+        .write_all(&client.send_indication(peer, &payload))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let echoed = loop {
+        read_some(conn, 1 << 17, &mut stream);
+        if let Some(frame) = take_frames(&mut stream).pop() {
+            break frame;
+        }
+        assert!(Instant::now() < deadline, "no echo of the Send indication");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(echoed[4..] == payload[..], "9000 bytes changed on the way");
+    assert!(server.logs().lines().all(|l| !l.contains("panicked")));
+}
+
+/// Memory the server's connected sockets on TCP port `port` hold in the kernel (what `ss -m`
+/// reports per socket: receive queue, send queue, forward allocation and options), in bytes.
+fn server_socket_memory(port: u16) -> u64 {
+    let out = std::process::Command::new("ss")
+        .args([
+            "-tmnH",
+            "state",
+            "established",
+            "sport",
+            "=",
+            &format!(":{port}"),
+        ])
+        .output()
+        .expect("ss (iproute2)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split("skmem:(")
+        .skip(1)
+        .map(|rest| {
+            let fields = rest.split(')').next().unwrap_or_default();
+            fields
+                .split(',')
+                .filter(|f| matches!(f.as_bytes().first(), Some(b'r' | b'w' | b'f' | b'o')))
+                .filter(|f| !f.starts_with("rb"))
+                .filter_map(|f| f[1..].parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// Raises this test process's open-file limit to its hard limit (it holds 1 000 sockets).
+fn raise_own_fd_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// A TCP connection to `target` from `source` (any port).
+fn connect_from(source: IpAddr, target: SocketAddr) -> Option<TcpStream> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .ok()?;
+    socket.bind(&SocketAddr::new(source, 0).into()).ok()?;
+    socket
+        .connect_timeout(&target.into(), Duration::from_secs(2))
+        .ok()?;
+    Some(socket.into())
+}
+
+const STALLED: usize = 1_000;
+
+/// 1 000 connections that pipeline 8 KB of Allocates each and never read, first from one
+/// address, then from ten, beside a live UDP and a live TCP relay: each address keeps at
+/// most its cap of unauthenticated connections (the rest are closed at accept and counted),
+/// the server's memory and its sockets' kernel memory stay small, the live relays lose
+/// nothing, and the count of unauthenticated connections falls back to 0 when they close.
+#[test]
+fn stalled_pipelining_connections_are_capped_and_cost_little() {
+    let _serial = serial();
+    raise_own_fd_limit();
+    let (turn, tcp, metrics) = (free_port(), free_port(), free_port());
+    let (server, _config) = start(&udp_tcp_config(turn, tcp, metrics), metrics, &[]);
+    let target: SocketAddr = ([127, 0, 0, 1], turn).into();
+    let tcp_target: SocketAddr = ([127, 0, 0, 1], tcp).into();
+    let (peer, mut live_udp) = live_relay(target);
+    let mut live_tcp = BenchClient::allocate_over(tcp_target, "user1", "pass1", true).unwrap();
+    let tcp_peer = big_echo_peer(120);
+    live_tcp.bind_channel(0x4002, tcp_peer).unwrap();
+    let allocate = build_request(ALLOCATE, &udp_transport, None).unwrap();
+    let pipelined = allocate.repeat((8 << 10) / allocate.len());
+    let per_ip = f64::from(uturn_dataplane::io::admission::DEFAULT_MAX_UNAUTHENTICATED_PER_IP);
+    let unauthenticated = || metric(metrics, "uturn_unauthenticated_connections ");
+    let refused = || {
+        metric(
+            metrics,
+            "uturn_refused_connections_total{reason=\"per_ip\"} ",
+        )
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let rss_before = rss_kib(&server);
+    let kernel_before = server_socket_memory(tcp);
+
+    let phases: [(&str, Vec<IpAddr>); 2] = [
+        ("one address", vec![IpAddr::from([127, 0, 3, 1])]),
+        (
+            "ten addresses",
+            (1..=10).map(|h| IpAddr::from([127, 0, 4, h])).collect(),
+        ),
+    ];
+    let mut live_seq = 0u32;
+    for (label, sources) in phases {
+        let refused_before = refused().unwrap_or(0.0);
+        let stalled: Vec<TcpStream> = (0..STALLED)
+            .filter_map(|i| connect_from(sources[i % sources.len()], tcp_target))
+            .collect();
+        for conn in &stalled {
+            conn.set_nonblocking(true).unwrap();
+            let _ = (&*conn).write(&pipelined);
+        }
+        let held = per_ip * sources.len() as f64;
+        assert!(
+            wait_until(10, || unauthenticated() == Some(held)),
+            "{label}: {:?} unauthenticated connections held, expected {held}; {} connected",
+            unauthenticated(),
+            stalled.len()
+        );
+        assert!(
+            wait_until(5, || refused().unwrap_or(0.0) - refused_before
+                >= STALLED as f64 - held),
+            "{label}: {:?} refused",
+            refused()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        let rss = rss_kib(&server);
+        let kernel = server_socket_memory(tcp);
+        eprintln!(
+            "{label}: {} connected, RSS {rss_before} -> {rss} KiB, server socket memory \
+             {kernel_before} -> {kernel} bytes",
+            stalled.len()
+        );
+        assert!(
+            rss <= rss_before + 8 * 1024,
+            "{label}: RSS grew from {rss_before} to {rss} KiB"
+        );
+        assert!(
+            kernel <= kernel_before + (16 << 20),
+            "{label}: the server's sockets hold {kernel} bytes"
+        );
+        // Both live relays lose nothing meanwhile.
+        let echoed = stream(&mut live_udp, peer.addr, label, 500);
+        assert_eq!(echoed, 500, "{label}: UDP relay lost datagrams");
+        let uturn_perf::client::Link::Tcp(conn) = &live_tcp.socket else {
+            unreachable!("a TCP client");
+        };
+        let mut back = Vec::new();
+        let mut got = 0;
+        // Paced as a call is (10 every 5 ms), so no UDP socket on the way overflows.
+        for i in 0..500 {
+            let mut frame = uturn_perf::client::channel_data_header(0x4002, 8).to_vec();
+            frame.extend_from_slice(&u64::from(live_seq).to_be_bytes());
+            live_seq += 1;
+            (&*conn).write_all(&frame).unwrap();
+            if i % 10 == 9 {
+                std::thread::sleep(Duration::from_millis(5));
+                read_some(conn, 1 << 16, &mut back);
+                got += take_frames(&mut back).len();
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got < 500 && Instant::now() < deadline {
+            read_some(conn, 1 << 16, &mut back);
+            got += take_frames(&mut back).len();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(got, 500, "{label}: TCP relay lost datagrams");
+        drop(stalled);
+        assert!(
+            wait_until(10, || unauthenticated() == Some(0.0)),
+            "{label}: {:?} unauthenticated connections left after they all closed",
+            unauthenticated()
+        );
+    }
+    assert!(server.logs().lines().all(|l| !l.contains("panicked")));
+}
