@@ -32,8 +32,8 @@ use turn_types::attribute::{
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRESH, SEND};
 use uturn_dataplane::proto::{
     AllocationLedger, Bytes, ClientAction, DropReason, Engine, EngineConfig, Family, ListenerId,
-    ListenerRef, PeerAction, RelayId, CHANNEL_LIFETIME, CHANNEL_NUMBERS, PEER_HEADROOM,
-    PERMISSION_LIFETIME,
+    ListenerRef, PeerAction, RelayId, AMPLIFICATION_FACTOR, CHANNEL_LIFETIME, CHANNEL_NUMBERS,
+    PEER_HEADROOM, PERMISSION_LIFETIME,
 };
 use uturn_shared::config::{parse_config, StunnerConfig};
 use uturn_shared::framing::MAX_FRAME;
@@ -609,6 +609,15 @@ impl Harness {
         }
         match (&expect, action) {
             (Expect::Answer, ClientAction::Reply(n)) => self.reply(client, data, n),
+            (Expect::Answer, ClientAction::Drop(DropReason::Amplification)) => {
+                // The largest reply to an unauthenticated request is a 420 naming 32
+                // attributes (116 bytes); no request of 39 bytes or more loses its reply.
+                assert!(
+                    AMPLIFICATION_FACTOR * data.len() < 116,
+                    "a {}-byte request dropped for amplification",
+                    data.len()
+                );
+            }
             (Expect::Answer, ClientAction::AllocateRelay(req)) => {
                 assert!(
                     self.authenticated,
@@ -736,6 +745,15 @@ impl Harness {
             );
         }
         assert!(!r.has_attribute(MessageIntegritySha256::TYPE));
+        if !signed {
+            // RFC 9000 §8.1's rule: a reply not signed (so to a request that did not
+            // authenticate, or a 441) is at most 3x the request.
+            assert!(
+                n <= AMPLIFICATION_FACTOR * data.len(),
+                "{n}-byte unsigned reply to a {}-byte request",
+                data.len()
+            );
+        }
         if req.method() == BINDING {
             assert_eq!(r.class(), MessageClass::Success, "Binding refused");
             let mapped = r
@@ -996,9 +1014,12 @@ impl Harness {
         }
     }
 
-    /// Sends an unsigned Refresh, whose 401 carries the client's nonce.
+    /// Sends an unsigned Refresh, whose 401 carries the client's nonce (with a LIFETIME: 28
+    /// bytes, so the 401 fits 3x of it).
     pub fn learn_nonce(&mut self, client: usize) {
-        let probe = Message::builder_request(REFRESH, MessageWriteVec::new()).finish();
+        let mut probe = Message::builder_request(REFRESH, MessageWriteVec::new());
+        probe.add_attribute(&Lifetime::new(600)).unwrap();
+        let probe = probe.finish();
         self.client(client, &probe, true);
         assert!(self.nonces[client].is_some(), "no nonce learnt from a 401");
     }

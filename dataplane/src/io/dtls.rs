@@ -24,47 +24,91 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use super::tls::{decode_pem, MaterialError};
+
 /// The largest datagram a session writes: fits the common 1280-byte IPv6 minimum MTU with
 /// room for headers.
 const MTU: u32 = 1200;
 /// A DTLS handshake must finish within this.
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A TURN-DTLS listener's gate from the config's base64 `cert` and `key`: what the listener
+/// serves with, and what a new config is checked with before it is applied.
+pub(super) fn gate_from_base64(cert_base64: &str, key_base64: &str) -> Result<Gate, MaterialError> {
+    let cert_pem =
+        decode_pem(cert_base64).map_err(|e| MaterialError::Cert(format!("cert is {e}")))?;
+    let key_pem = decode_pem(key_base64).map_err(|e| MaterialError::Key(format!("key is {e}")))?;
+    let context = context_from_pem(&cert_pem, &key_pem)?;
+    Gate::new(context).map_err(|e| MaterialError::Setup(format!("DTLS setup failed: {e}")))
+}
+
 /// A DTLS server context for a listener's PEM certificate (chain) and key.
-pub(super) fn context(cert_pem: &[u8], key_pem: &[u8]) -> Result<SslContext, String> {
-    let build = || -> Result<SslContext, ErrorStack> {
-        let mut builder = SslContextBuilder::new(SslMethod::dtls())?;
-        builder.set_min_proto_version(Some(SslVersion::DTLS1_2))?;
-        let mut chain = X509::stack_from_pem(cert_pem)?.into_iter();
-        if let Some(leaf) = chain.next() {
-            builder.set_certificate(&leaf)?;
-        }
-        for extra in chain {
-            builder.add_extra_chain_cert(extra)?;
-        }
-        let key = PKey::private_key_from_pem(key_pem)?;
-        builder.set_private_key(&key)?;
-        builder.check_private_key()?;
-        // The memory transport cannot be asked for the path MTU; MTU is set per session.
-        builder.set_options(SslOptions::NO_QUERY_MTU);
-        builder.set_mode(SslMode::RELEASE_BUFFERS);
-        let mut secret = [0u8; 32];
-        openssl::rand::rand_bytes(&mut secret)?;
-        let cookies = CookieJar { secret };
-        builder.set_cookie_generate_cb(move |ssl, out| {
-            let client = client_of(ssl)?;
-            let cookie = cookies.cookie(client, unix_now());
-            // OpenSSL lends 255 bytes; a panic here would cross into C.
-            let out = out.get_mut(..COOKIE_LEN).ok_or_else(ErrorStack::get)?;
-            out.copy_from_slice(&cookie);
-            Ok(COOKIE_LEN)
-        });
-        builder.set_cookie_verify_cb(move |ssl, cookie| {
-            client_of(ssl).is_ok_and(|client| cookies.verify(client, unix_now(), cookie))
-        });
-        Ok(builder.build())
+pub(super) fn context_from_pem(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<SslContext, MaterialError> {
+    let setup = |e: ErrorStack| MaterialError::Setup(format!("DTLS setup failed: {e}"));
+    let chain = X509::stack_from_pem(cert_pem)
+        .map_err(|e| MaterialError::Cert(format!("cannot read the DTLS certificate: {e}")))?;
+    let mut chain = chain.into_iter();
+    let Some(leaf) = chain.next() else {
+        return Err(MaterialError::Cert(
+            "the DTLS certificate PEM holds no CERTIFICATE block".into(),
+        ));
     };
-    build().map_err(|e| format!("cannot use the DTLS certificate and key: {e}"))
+    let key = PKey::private_key_from_pem(key_pem)
+        .map_err(|e| MaterialError::Key(format!("cannot read the DTLS private key: {e}")))?;
+    if leaf
+        .public_key()
+        .is_ok_and(|public| !public.public_eq(&key))
+    {
+        return Err(MaterialError::Mismatch(
+            "the DTLS private key does not match the certificate".into(),
+        ));
+    }
+    let mut builder = SslContextBuilder::new(SslMethod::dtls()).map_err(setup)?;
+    builder
+        .set_min_proto_version(Some(SslVersion::DTLS1_2))
+        .map_err(setup)?;
+    builder
+        .set_certificate(&leaf)
+        .map_err(|e| MaterialError::Cert(format!("cannot use the DTLS certificate: {e}")))?;
+    for extra in chain {
+        builder.add_extra_chain_cert(extra).map_err(|e| {
+            MaterialError::Cert(format!("cannot use the DTLS certificate chain: {e}"))
+        })?;
+    }
+    builder
+        .set_private_key(&key)
+        .map_err(|e| MaterialError::Key(format!("cannot use the DTLS private key: {e}")))?;
+    builder.check_private_key().map_err(|e| {
+        MaterialError::Mismatch(format!(
+            "the DTLS private key does not match the certificate ({e})"
+        ))
+    })?;
+    // The memory transport cannot be asked for the path MTU; MTU is set per session.
+    builder.set_options(SslOptions::NO_QUERY_MTU);
+    builder.set_mode(SslMode::RELEASE_BUFFERS);
+    let mut secret = [0u8; 32];
+    openssl::rand::rand_bytes(&mut secret).map_err(setup)?;
+    let cookies = CookieJar { secret };
+    builder.set_cookie_generate_cb(move |ssl, out| {
+        let client = client_of(ssl)?;
+        let cookie = cookies.cookie(client, unix_now());
+        // OpenSSL lends 255 bytes; a panic here would cross into C.
+        let out = out.get_mut(..COOKIE_LEN).ok_or_else(ErrorStack::get)?;
+        out.copy_from_slice(&cookie);
+        Ok(COOKIE_LEN)
+    });
+    builder.set_cookie_verify_cb(move |ssl, cookie| {
+        client_of(ssl).is_ok_and(|client| cookies.verify(client, unix_now(), cookie))
+    });
+    Ok(builder.build())
+}
+
+/// [`context_from_pem`] with the reason as text.
+pub(super) fn context(cert_pem: &[u8], key_pem: &[u8]) -> Result<SslContext, String> {
+    context_from_pem(cert_pem, key_pem).map_err(|e| e.to_string())
 }
 
 /// The client a gate is answering, for the cookie callbacks.

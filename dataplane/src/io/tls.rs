@@ -17,25 +17,109 @@ pub fn decode_pem(base64_pem: &str) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("not base64: {e}"))
 }
 
+/// Why a listener's certificate and key cannot serve, by the config field to fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MaterialError {
+    /// `cert` is not base64, or holds no certificate that loads.
+    Cert(String),
+    /// `key` is not base64, or holds no private key that loads.
+    Key(String),
+    /// Both load, but the key is not the certificate's.
+    Mismatch(String),
+    /// The TLS library failed with material that loaded (not the config's doing).
+    Setup(String),
+}
+
+impl MaterialError {
+    /// The listener field to fix: `cert`, or `key` (also for a mismatch: the usual mistake is
+    /// a key left over from the previous rotation).
+    pub fn field(&self) -> &'static str {
+        match self {
+            MaterialError::Cert(_) => "cert",
+            MaterialError::Key(_) | MaterialError::Mismatch(_) | MaterialError::Setup(_) => "key",
+        }
+    }
+
+    fn fix(&self) -> &'static str {
+        match self {
+            MaterialError::Cert(_) => {
+                "set cert to the base64 of the PEM certificate chain, leaf first (e.g. base64 \
+                 -w0 tls.crt)"
+            }
+            MaterialError::Key(_) => {
+                "set key to the base64 of the PEM private key (PKCS#8, PKCS#1 or SEC1; e.g. \
+                 base64 -w0 tls.key)"
+            }
+            MaterialError::Mismatch(_) => {
+                "set key to the private key of this cert: rotate the cert and the key together \
+                 (a Kubernetes TLS Secret's tls.crt and tls.key)"
+            }
+            MaterialError::Setup(_) => "check the certificate and key type (RSA, ECDSA, Ed25519)",
+        }
+    }
+}
+
+impl std::fmt::Display for MaterialError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let why = match self {
+            MaterialError::Cert(why)
+            | MaterialError::Key(why)
+            | MaterialError::Mismatch(why)
+            | MaterialError::Setup(why) => why,
+        };
+        write!(f, "{why}: {}", self.fix())
+    }
+}
+
+/// A TURN-TLS listener's rustls config from the config's base64 `cert` and `key`: what the
+/// listener serves with, and what a new config is checked with before it is applied.
+pub fn server_config_from_base64(
+    cert_base64: &str,
+    key_base64: &str,
+) -> Result<Arc<ServerConfig>, MaterialError> {
+    let cert_pem =
+        decode_pem(cert_base64).map_err(|e| MaterialError::Cert(format!("cert is {e}")))?;
+    let key_pem = decode_pem(key_base64).map_err(|e| MaterialError::Key(format!("key is {e}")))?;
+    server_config_from_pem(&cert_pem, &key_pem)
+}
+
 /// A rustls server config (TLS 1.2 and 1.3, no client certificates) for a PEM certificate
 /// chain and key.
-pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<ServerConfig>, String> {
+pub fn server_config_from_pem(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<Arc<ServerConfig>, MaterialError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("cannot read the TLS certificate: {e}"))?;
+        .map_err(|e| MaterialError::Cert(format!("cannot read the TLS certificate: {e}")))?;
     if certs.is_empty() {
-        return Err("the TLS certificate PEM holds no CERTIFICATE block".into());
+        return Err(MaterialError::Cert(
+            "the TLS certificate PEM holds no CERTIFICATE block".into(),
+        ));
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .map_err(|e| format!("cannot read the TLS private key: {e}"))?;
+        .map_err(|e| MaterialError::Key(format!("cannot read the TLS private key: {e}")))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| format!("TLS setup failed: {e}"))?
+        .map_err(|e| MaterialError::Setup(format!("TLS setup failed: {e}")))?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(|e| format!("cannot use the TLS certificate and key: {e}"))?;
+        .map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => MaterialError::Mismatch(format!(
+                "the TLS private key does not match the certificate ({e})"
+            )),
+            rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
+                MaterialError::Cert(format!("cannot use the TLS certificate: {e}"))
+            }
+            _ => MaterialError::Key(format!("cannot use the TLS private key: {e}")),
+        })?;
     Ok(Arc::new(config))
+}
+
+/// [`server_config_from_pem`] with the reason as text.
+pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<ServerConfig>, String> {
+    server_config_from_pem(cert_pem, key_pem).map_err(|e| e.to_string())
 }
 
 /// A fresh self-signed certificate and key for `host` (an IP address or DNS name), as PEM:
@@ -98,6 +182,52 @@ mod tests {
         super::super::dtls::context(cert.as_bytes(), key.as_bytes()).unwrap();
         let encoded = base64::engine::general_purpose::STANDARD.encode(&cert);
         assert_eq!(decode_pem(&encoded).unwrap(), cert.as_bytes());
+    }
+
+    #[test]
+    fn a_key_of_another_certificate_is_a_mismatch_for_tls_and_dtls() {
+        let (cert, _) = self_signed("127.0.0.1").unwrap();
+        let (_, other_key) = self_signed("127.0.0.1").unwrap();
+        let err = server_config_from_pem(cert.as_bytes(), other_key.as_bytes()).unwrap_err();
+        assert!(matches!(err, MaterialError::Mismatch(_)), "{err}");
+        assert_eq!(err.field(), "key");
+        let err = super::super::dtls::context_from_pem(cert.as_bytes(), other_key.as_bytes())
+            .err()
+            .unwrap();
+        assert!(matches!(err, MaterialError::Mismatch(_)), "{err}");
+        assert!(
+            err.to_string()
+                .contains("rotate the cert and the key together"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn base64_material_is_checked_field_by_field() {
+        let (cert, key) = self_signed("127.0.0.1").unwrap();
+        let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+        let (cert, key) = (encode(&cert), encode(&key));
+        server_config_from_base64(&cert, &key).unwrap();
+        super::super::dtls::gate_from_base64(&cert, &key)
+            .ok()
+            .unwrap();
+        let not_a_cert = encode("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+        for (cert, key, field) in [
+            ("%%%", key.as_str(), "cert"),
+            (not_a_cert.as_str(), key.as_str(), "cert"),
+            (cert.as_str(), "%%%", "key"),
+            (cert.as_str(), cert.as_str(), "key"),
+        ] {
+            let tls = server_config_from_base64(cert, key).unwrap_err();
+            let dtls = super::super::dtls::gate_from_base64(cert, key)
+                .err()
+                .unwrap();
+            assert_eq!(
+                (tls.field(), dtls.field()),
+                (field, field),
+                "{tls} / {dtls}"
+            );
+        }
     }
 
     #[test]

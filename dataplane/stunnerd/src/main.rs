@@ -12,6 +12,7 @@ use uturn_control::cds::CdsTarget;
 use uturn_control::kubernetes::KubeOptions;
 use uturn_control::origin::{load_once, ConfigOrigin};
 use uturn_control::{Control, ControlConfig, Source};
+use uturn_dataplane::io::check::{check_config, check_tls_material};
 use uturn_dataplane::io::{
     select_engine, usable_cpus, Dataplane, DataplaneConfig, EngineChoice, IoEngine,
 };
@@ -84,13 +85,6 @@ struct Cli {
     /// uturn: challenges a source IP may get at once before --challenge-rate applies.
     #[arg(long = "challenge-burst", value_name = "N", default_value_t = uturn_dataplane::proto::limits::DEFAULT_CHALLENGE_BURST, value_parser = clap::value_parser!(u32).range(1..))]
     challenge_burst: u32,
-    /// uturn: TCP/TLS connections whose client holds no allocation yet, over the whole
-    /// process; more are closed at accept (0: no cap).
-    #[arg(long = "max-unauthenticated-connections", value_name = "N", default_value_t = uturn_dataplane::io::admission::DEFAULT_MAX_UNAUTHENTICATED)]
-    max_unauthenticated_connections: usize,
-    /// uturn: the same, from one client IP address (0: no cap).
-    #[arg(long = "max-unauthenticated-connections-per-ip", value_name = "N", default_value_t = uturn_dataplane::io::admission::DEFAULT_MAX_UNAUTHENTICATED_PER_IP)]
-    max_unauthenticated_connections_per_ip: u32,
     /// Same as -l all:DEBUG.
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
@@ -314,6 +308,15 @@ fn main() -> ExitCode {
     if config.clusters.is_empty() {
         tracing::warn!(target: "stunner", "Running with no clusters: TURN forwarding to peers not permitted");
     }
+    // A config whose TLS material does not load is refused at start as it would be on reload.
+    let initial_check = match cli.dry_run {
+        true => check_tls_material(&config),
+        false => check_config(&StunnerConfig::zero(&id), &config),
+    };
+    if let Err(e) = initial_check {
+        tracing::error!(target: "stunnerd", "{e}");
+        return ExitCode::from(1);
+    }
     if cli.dry_run {
         tracing::info!(target: "stunnerd", "dry run: config is valid; not opening any socket");
         let shown = uturn_control::redacted(&config);
@@ -372,10 +375,6 @@ fn main() -> ExitCode {
             max_allocations: cli.max_allocations,
             max_permissions: cli.max_permissions as usize,
         },
-        stream_limits: uturn_dataplane::io::admission::StreamLimits {
-            max_unauthenticated: cli.max_unauthenticated_connections,
-            max_unauthenticated_per_ip: cli.max_unauthenticated_connections_per_ip,
-        },
     }) {
         Ok(d) => d,
         Err(e) => {
@@ -412,7 +411,7 @@ fn main() -> ExitCode {
             uturn_dataplane::io::metrics::render_prometheus(&scrape_stats, out)
         }),
         force_ready: cli.force_ready_status,
-        check: Box::new(|_running: &StunnerConfig, _new: &StunnerConfig| Ok(())),
+        check: Box::new(check_config),
     }) {
         Ok(control) => control,
         Err(e) => {

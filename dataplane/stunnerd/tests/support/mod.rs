@@ -710,3 +710,136 @@ pub fn http_get_from(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let body = response.split_once("\r\n\r\n")?.1.to_string();
     Some((status, body))
 }
+
+/// An echo peer on 127.0.0.1 that remembers how many datagrams came from each address: a
+/// client's relay address, so a client whose allocation was lost and made again shows up
+/// under a second address. Stops when dropped.
+pub struct RecordingPeer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    senders: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<SocketAddr, u64>>>,
+}
+
+impl RecordingPeer {
+    /// A peer on 127.0.0.1.
+    pub fn start() -> RecordingPeer {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let addr = socket.local_addr().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let senders: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<SocketAddr, u64>>> =
+            Default::default();
+        let (stop2, senders2) = (stop.clone(), senders.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok((n, from)) = socket.recv_from(&mut buf) {
+                    *senders2.lock().unwrap().entry(from).or_insert(0) += 1;
+                    let _ = socket.send_to(&buf[..n], from);
+                }
+            }
+        });
+        RecordingPeer {
+            addr,
+            stop,
+            senders,
+        }
+    }
+
+    /// Datagrams received, by sender.
+    pub fn senders(&self) -> std::collections::HashMap<SocketAddr, u64> {
+        self.senders.lock().unwrap().clone()
+    }
+}
+
+impl Drop for RecordingPeer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A turncat tunnel (uturn-perf's, in this process) from a fresh local UDP port through the
+/// TURN server at `server_uri` (any certificate accepted) to `peer`, and a socket connected
+/// to that port, once a datagram has made the round trip. The tunnel runs until the test
+/// process ends.
+pub fn turncat_tunnel(server_uri: &str, peer: SocketAddr) -> UdpSocket {
+    use uturn_perf::turncat::{Args, Tunnel};
+    let local = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let tunnel = Tunnel::resolve(
+        &Args {
+            client: format!("udp://{local}"),
+            server: server_uri.to_string(),
+            peer: format!("udp://{peer}"),
+            insecure: true,
+            ..Args::default()
+        },
+        0,
+    )
+    .unwrap();
+    std::thread::spawn(move || tunnel.run());
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.connect(local).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let through = wait_until(15, || {
+        let _ = socket.send(b"hello");
+        matches!(socket.recv(&mut buf), Ok(5))
+    });
+    assert!(through, "no round trip through {server_uri}");
+    // Echoes of the extra hellos still in flight.
+    std::thread::sleep(Duration::from_millis(300));
+    while socket.recv(&mut buf).is_ok() {}
+    socket
+}
+
+/// Sends numbered datagrams through `socket` (see [`turncat_tunnel`]) one per 10 ms until
+/// `stop`, then waits for the stragglers; (sent, echoed back).
+pub fn paced_echo(socket: &UdpSocket, stop: &std::sync::atomic::AtomicBool) -> (u64, u64) {
+    let (mut sent, mut echoed) = (0u64, 0u64);
+    let mut buf = [0u8; 64];
+    socket
+        .set_read_timeout(Some(Duration::from_millis(10)))
+        .unwrap();
+    let mut drain = |echoed: &mut u64| {
+        while let Ok(n) = socket.recv(&mut buf) {
+            if buf[..n].starts_with(b"seq ") {
+                *echoed += 1;
+            }
+        }
+    };
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if socket.send(format!("seq {sent:06}").as_bytes()).is_ok() {
+            sent += 1;
+        }
+        drain(&mut echoed);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while echoed < sent && std::time::Instant::now() < deadline {
+        drain(&mut echoed);
+    }
+    (sent, echoed)
+}
+
+/// The server certificate (PEM) `openssl s_client` sees on 127.0.0.1:`port`, over DTLS 1.2
+/// if `dtls`, else TLS.
+pub fn served_certificate(port: u16, dtls: bool) -> Option<String> {
+    let mut command = Command::new("timeout");
+    command.args(["10", "openssl", "s_client"]);
+    if dtls {
+        command.arg("-dtls1_2");
+    }
+    let output = command
+        .args(["-connect", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .output()
+        .expect("openssl (apt-get install openssl)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let begin = text.find("-----BEGIN CERTIFICATE-----")?;
+    let end = text[begin..].find("-----END CERTIFICATE-----")? + begin;
+    Some(text[begin..end + "-----END CERTIFICATE-----".len()].to_string() + "\n")
+}

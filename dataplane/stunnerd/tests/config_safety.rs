@@ -1,0 +1,278 @@
+//! A config mistake must not close a serving port: a certificate and key that do not load or
+//! do not match are refused before any listener restarts, at start and on reload. The real
+//! stunnerd binary, live relays through turncat (TLS, DTLS).
+
+mod support;
+
+use base64::Engine as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use support::{
+    free_port, http_get, metric, paced_echo, served_certificate, temp_file, turncat_tunnel,
+    wait_until, RecordingPeer, Stunnerd,
+};
+
+const AUTH: &str = "{type: static, credentials: {username: user1, password: pass1}}";
+
+/// A fresh certificate and key as PEM.
+fn pem_pair() -> (String, String) {
+    uturn_dataplane::io::tls::self_signed("127.0.0.1").unwrap()
+}
+
+fn b64(pem: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(pem)
+}
+
+/// A port free for UDP and TCP.
+fn free_stream_port() -> u16 {
+    loop {
+        let port = free_port();
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// Ports of a test's stunnerd: health, metrics, and the TLS/DTLS listeners' shared port.
+struct Ports {
+    health: u16,
+    metrics: u16,
+    secure: u16,
+}
+
+/// TURN-TLS and TURN-DTLS on one port, each with its own (cert, key) as PEM.
+fn secure_config(ports: &Ports, tls: &(String, String), dtls: &(String, String)) -> String {
+    let Ports {
+        health,
+        metrics,
+        secure,
+    } = ports;
+    format!(
+        "version: v1\n\
+         admin: {{healthcheck_endpoint: \"http://127.0.0.1:{health}\", metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
+         auth: {AUTH}\n\
+         listeners:\n\
+         - {{name: tls, protocol: TURN-TLS, address: 127.0.0.1, port: {secure}, routes: [media], cert: \"{}\", key: \"{}\"}}\n\
+         - {{name: dtls, protocol: TURN-DTLS, address: 127.0.0.1, port: {secure}, routes: [media], cert: \"{}\", key: \"{}\"}}\n\
+         clusters: [{{name: media, endpoints: [\"127.0.0.1\"]}}]\n",
+        b64(&tls.0),
+        b64(&tls.1),
+        b64(&dtls.0),
+        b64(&dtls.1),
+    )
+}
+
+fn allocations(metrics: u16) -> Option<f64> {
+    metric(metrics, "stunner_allocations_active ")
+}
+
+fn ready(health: u16) -> bool {
+    http_get(health, "/ready").is_some_and(|(code, _)| code == 200)
+}
+
+/// Writes `text` the way a ConfigMap update lands: aside, then renamed over.
+fn rewrite(path: &std::path::Path, text: &str) {
+    let aside = path.with_extension("next");
+    std::fs::write(&aside, text).unwrap();
+    std::fs::rename(&aside, path).unwrap();
+}
+
+/// `stunnerd -c ORIGIN -w` on 2 shards. A watcher starts from the zero config, whose health
+/// server is on the default :8086 until the file's config arrives; another watcher starting
+/// at the same moment (a parallel test) may hold it, so this retries (bounded).
+fn start_watching(origin: &str) -> Stunnerd {
+    for _ in 0..40 {
+        let mut server = Stunnerd::start(&["-c", origin, "-w"], &[("UTURN_SHARDS", "2")]);
+        if server.wait_exit_for(0.5).is_none() {
+            return server;
+        }
+        if !server.logs().contains(":8086") {
+            panic!("stunnerd exited:\n{}", server.logs());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("the default health port :8086 stayed taken");
+}
+
+/// How many times `needle` occurs in the log.
+fn log_count(server: &Stunnerd, needle: &str) -> usize {
+    server.logs().matches(needle).count()
+}
+
+#[test]
+fn a_mismatched_key_on_reload_drops_nothing_and_a_good_rotation_applies() {
+    let ports = Ports {
+        health: free_stream_port(),
+        metrics: free_stream_port(),
+        secure: free_stream_port(),
+    };
+    let old = pem_pair();
+    let new = pem_pair();
+    let mismatched = (new.0.clone(), old.1.clone());
+    let path = temp_file("config-safety-rotation.yaml");
+    std::fs::write(&path, secure_config(&ports, &old, &old)).unwrap();
+    let origin = format!("file://{}", path.display());
+    let server = start_watching(&origin);
+    assert!(
+        wait_until(10, || ready(ports.health)),
+        "not ready:\n{}",
+        server.logs()
+    );
+
+    // Live relays over TLS and DTLS, through turncat to an echo peer.
+    let peer = RecordingPeer::start();
+    let tls_uri = format!(
+        "turns://user1:pass1@127.0.0.1:{}?transport=tcp",
+        ports.secure
+    );
+    let dtls_uri = format!(
+        "turns://user1:pass1@127.0.0.1:{}?transport=udp",
+        ports.secure
+    );
+    let relays = [
+        turncat_tunnel(&tls_uri, peer.addr),
+        turncat_tunnel(&dtls_uri, peer.addr),
+    ];
+    assert_eq!(allocations(ports.metrics), Some(2.0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let runs: Vec<_> = relays
+        .into_iter()
+        .map(|socket| {
+            let stop = stop.clone();
+            std::thread::spawn(move || paced_echo(&socket, &stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Rotations that must be refused whole: a key of another certificate on both listeners,
+    // then a good pair on TLS beside a mismatched one on DTLS (the good half is not applied
+    // either, so TLS does not restart).
+    let refused = [
+        (secure_config(&ports, &mismatched, &mismatched), "tls", 0),
+        (secure_config(&ports, &new, &mismatched), "dtls", 1),
+    ];
+    for (round, (text, listener, index)) in refused.iter().enumerate() {
+        let applied = log_count(&server, "Reconciliation ready");
+        rewrite(&path, text);
+        let handled = wait_until(10, || {
+            log_count(&server, "config rejected") > round
+                || log_count(&server, "Reconciliation ready") > applied
+        });
+        assert!(handled, "the rotation was not read:\n{}", server.logs());
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(
+            allocations(ports.metrics),
+            Some(2.0),
+            "allocations dropped:\n{}",
+            server.logs()
+        );
+        assert!(ready(ports.health), "/ready fell");
+        let logs = server.logs();
+        let rejection = logs
+            .lines()
+            .filter(|line| line.contains("config rejected"))
+            .nth(round)
+            .unwrap_or_else(|| panic!("not rejected:\n{logs}"));
+        for needle in [
+            format!("listeners[{index}].key"),
+            format!("listener \"{listener}\""),
+            "does not match the certificate".into(),
+            "rotate the cert and the key together".into(),
+        ] {
+            assert!(
+                rejection.contains(&needle),
+                "{needle:?} missing: {rejection}"
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for (run, name) in runs.into_iter().zip(["TLS", "DTLS"]) {
+        let (sent, echoed) = run.join().unwrap();
+        assert!(sent > 200, "{name}: only {sent} sent");
+        assert_eq!(
+            echoed, sent,
+            "{name}: lost datagrams across the refused rotations"
+        );
+    }
+    // Each relay kept its one allocation: one relay address each at the peer.
+    let senders = peer.senders();
+    assert_eq!(senders.len(), 2, "allocations were made again: {senders:?}");
+    for (dtls, name) in [(false, "TLS"), (true, "DTLS")] {
+        assert_eq!(
+            served_certificate(ports.secure, dtls).as_deref(),
+            Some(old.0.as_str()),
+            "{name} no longer serves the running certificate"
+        );
+    }
+
+    // A good rotation applies: a new handshake sees the new certificate.
+    rewrite(&path, &secure_config(&ports, &new, &new));
+    for (dtls, name) in [(false, "TLS"), (true, "DTLS")] {
+        let rotated = wait_until(15, || {
+            served_certificate(ports.secure, dtls).as_deref() == Some(new.0.as_str())
+        });
+        assert!(
+            rotated,
+            "{name} does not serve the new certificate:\n{}",
+            server.logs()
+        );
+    }
+    assert_eq!(
+        log_count(&server, "config rejected"),
+        2,
+        "{}",
+        server.logs()
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_start_config_whose_key_does_not_load_or_match_exits_1_naming_the_listener() {
+    let (cert, _) = pem_pair();
+    let (_, other_key) = pem_pair();
+    let cases = [
+        (
+            "TURN-TLS",
+            other_key.clone(),
+            "does not match the certificate",
+        ),
+        ("TURN-DTLS", other_key, "does not match the certificate"),
+        (
+            "TURN-TLS",
+            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n".into(),
+            "private key",
+        ),
+    ];
+    for (protocol, bad_key, why) in cases {
+        let port = free_stream_port();
+        let path = temp_file("config-safety-start.yaml");
+        std::fs::write(
+            &path,
+            format!(
+                "version: v1\nadmin: {{healthcheck_endpoint: \"\"}}\nauth: {AUTH}\nlisteners:\n\
+                 - {{name: secure-media, protocol: {protocol}, address: 127.0.0.1, port: {port}, routes: [media], cert: \"{}\", key: \"{}\"}}\n\
+                 clusters: [{{name: media, endpoints: [\"127.0.0.1\"]}}]\n",
+                b64(&cert),
+                b64(&bad_key)
+            ),
+        )
+        .unwrap();
+        let mut server = Stunnerd::start(&["-c", &format!("file://{}", path.display())], &[]);
+        let code = server.wait_exit();
+        let logs = server.logs();
+        assert_eq!(code, Some(1), "{protocol}: {logs}");
+        for needle in [
+            "listeners[0].key",
+            "listener \"secure-media\"",
+            why,
+            "set key to",
+        ] {
+            assert!(
+                logs.contains(needle),
+                "{protocol}: {needle:?} missing:\n{logs}"
+            );
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}
