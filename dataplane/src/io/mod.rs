@@ -5,6 +5,7 @@
 //! arrives as an arc-swap [`Snapshot`] that every shard reads through its own
 //! `arc_swap::Cache`; nothing is locked or shared per packet.
 
+pub mod admission;
 pub mod batch;
 pub mod check;
 mod dtls;
@@ -44,6 +45,8 @@ pub struct DataplaneConfig {
     pub engine: IoEngine,
     /// Quotas and rate limits set by flags.
     pub limits: crate::proto::Limits,
+    /// Caps on TCP/TLS connections that have not authenticated.
+    pub stream_limits: admission::StreamLimits,
 }
 
 /// The CPUs this process may use: `available_parallelism` (cgroup quota and affinity aware).
@@ -146,6 +149,7 @@ impl Dataplane {
         // One ledger for all shards: a user's quota counts allocations on every shard.
         let ledger = Arc::new(crate::proto::AllocationLedger::new());
         let groups = Arc::new(groups::ListenerGroups::new(shards));
+        let admission = Arc::new(admission::StreamAdmission::new(config.stream_limits));
         for (index, &cpu) in placement.iter().enumerate() {
             match cpu {
                 Some(cpu) => tracing::info!(target: "stunnerd", "shard {index} on CPU {cpu}"),
@@ -171,6 +175,7 @@ impl Dataplane {
                 stop: stop.clone(),
                 stats: stats.clone(),
                 groups: groups.clone(),
+                admission: admission.clone(),
             };
             let name = format!("uturn-shard-{index}");
             let cannot = |e: &dyn std::fmt::Display| {

@@ -85,6 +85,13 @@ struct Cli {
     /// uturn: challenges a source IP may get at once before --challenge-rate applies.
     #[arg(long = "challenge-burst", value_name = "N", default_value_t = uturn_dataplane::proto::limits::DEFAULT_CHALLENGE_BURST, value_parser = clap::value_parser!(u32).range(1..))]
     challenge_burst: u32,
+    /// uturn: TCP/TLS connections whose client holds no allocation yet, over the whole
+    /// process; more are closed at accept (0: no cap).
+    #[arg(long = "max-unauthenticated-connections", value_name = "N", default_value_t = uturn_dataplane::io::admission::DEFAULT_MAX_UNAUTHENTICATED)]
+    max_unauthenticated_connections: usize,
+    /// uturn: the same, from one client IP address (0: no cap).
+    #[arg(long = "max-unauthenticated-connections-per-ip", value_name = "N", default_value_t = uturn_dataplane::io::admission::DEFAULT_MAX_UNAUTHENTICATED_PER_IP)]
+    max_unauthenticated_connections_per_ip: u32,
     /// Same as -l all:DEBUG.
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
@@ -374,6 +381,10 @@ fn main() -> ExitCode {
             challenge_burst: cli.challenge_burst,
             max_allocations: cli.max_allocations,
             max_permissions: cli.max_permissions as usize,
+        },
+        stream_limits: uturn_dataplane::io::admission::StreamLimits {
+            max_unauthenticated: cli.max_unauthenticated_connections,
+            max_unauthenticated_per_ip: cli.max_unauthenticated_connections_per_ip,
         },
     }) {
         Ok(d) => d,
