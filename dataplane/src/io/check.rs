@@ -1,14 +1,33 @@
 //! What a config must pass, beyond its own validation, before this process runs it: every
 //! TURN-TLS and TURN-DTLS listener's certificate and key load and match (built into the same
-//! contexts the listener serves with). A config that fails is refused whole, so the running listeners, and the
+//! contexts the listener serves with), and no port a listener is to open is served by another
+//! process. A config that fails is refused whole, so the running listeners, and the
 //! allocations on them, stay as they are; a listener restarts only for a config that passed.
 
+use super::ports::{foreign_holders, PortProtocol};
 use super::{dtls, tls};
 use uturn_shared::config::{ConfigError, ListenerProtocol, StunnerConfig};
 
+/// Whether a listener may open a port that another process also serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SharedPorts {
+    /// Refuse the config (the default).
+    Refuse,
+    /// Open it anyway and share the port's clients (`--allow-shared-ports`).
+    Allow,
+}
+
 /// Checks `new` before it replaces `running` (at start, `running` is the zero config).
-pub fn check_config(_running: &StunnerConfig, new: &StunnerConfig) -> Result<(), String> {
-    check_tls_material(new)
+pub fn check_config(
+    running: &StunnerConfig,
+    new: &StunnerConfig,
+    shared_ports: SharedPorts,
+) -> Result<(), String> {
+    check_tls_material(new)?;
+    if shared_ports == SharedPorts::Refuse {
+        check_ports(running, new)?;
+    }
+    Ok(())
 }
 
 /// Builds the TLS or DTLS context of every TURN-TLS and TURN-DTLS listener of `config`, as
@@ -55,4 +74,56 @@ fn summary(value: &str) -> String {
     } else {
         head
     }
+}
+
+/// Refuses a listener of `new` that would open a port another process serves. Listeners that
+/// `running` already serves on the same port are left alone: their sockets are open, and
+/// whoever joined them later is not this config's doing.
+pub fn check_ports(running: &StunnerConfig, new: &StunnerConfig) -> Result<(), String> {
+    let served = |protocol: PortProtocol, port: u16| {
+        running
+            .listeners
+            .iter()
+            .any(|l| PortProtocol::of(l.protocol) == Some(protocol) && l.port == port)
+    };
+    for (index, listener) in new.listeners.iter().enumerate() {
+        let Some(protocol) = PortProtocol::of(listener.protocol) else {
+            continue;
+        };
+        if served(protocol, listener.port) {
+            continue;
+        }
+        let holders = match foreign_holders(protocol, listener.port) {
+            Ok(holders) => holders,
+            Err(e) => {
+                tracing::warn!(
+                    target: "stunnerd",
+                    "listener {:?}: cannot tell whether another process serves port {}/{} \
+                     ({e}): opening it unchecked",
+                    listener.name,
+                    listener.port,
+                    protocol.as_str()
+                );
+                continue;
+            }
+        };
+        if let Some(holder) = holders.first() {
+            return Err(ConfigError::new(
+                format!("listeners[{index}].port"),
+                listener.port.to_string(),
+                format!(
+                    "listener {:?} ({}): port {}/{} is already served by another process \
+                     ({holder}), which would take a share of this listener's clients: stop \
+                     that process, give the listener another port, or run stunnerd with \
+                     --allow-shared-ports to share the port on purpose",
+                    listener.name,
+                    listener.protocol.as_str(),
+                    listener.port,
+                    protocol.as_str()
+                ),
+            )
+            .to_string());
+        }
+    }
+    Ok(())
 }

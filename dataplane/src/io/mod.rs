@@ -12,6 +12,7 @@ mod dtls;
 mod epoll;
 mod groups;
 pub mod metrics;
+pub mod ports;
 pub mod probe;
 mod shard;
 pub mod socket;

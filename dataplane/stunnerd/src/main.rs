@@ -12,7 +12,7 @@ use uturn_control::cds::CdsTarget;
 use uturn_control::kubernetes::KubeOptions;
 use uturn_control::origin::{load_once, ConfigOrigin};
 use uturn_control::{Control, ControlConfig, Source};
-use uturn_dataplane::io::check::{check_config, check_tls_material};
+use uturn_dataplane::io::check::{check_config, check_tls_material, SharedPorts};
 use uturn_dataplane::io::{
     select_engine, usable_cpus, Dataplane, DataplaneConfig, EngineChoice, IoEngine,
 };
@@ -56,6 +56,10 @@ struct Cli {
     /// Keep /ready at 200, also while draining.
     #[arg(long = "force-ready-status")]
     force_ready_status: bool,
+    /// uturn: open listener ports that another process already serves (and share their
+    /// clients with it through SO_REUSEPORT) instead of refusing the config.
+    #[arg(long = "allow-shared-ports")]
+    allow_shared_ports: bool,
     /// uturn: end a graceful shutdown after this many seconds even if allocations remain
     /// (default: wait for the last one, as stunnerd).
     #[arg(long = "drain-timeout", value_name = "SECONDS")]
@@ -315,10 +319,16 @@ fn main() -> ExitCode {
     if config.clusters.is_empty() {
         tracing::warn!(target: "stunner", "Running with no clusters: TURN forwarding to peers not permitted");
     }
-    // A config whose TLS material does not load is refused at start as it would be on reload.
+    let shared_ports = if cli.allow_shared_ports {
+        SharedPorts::Allow
+    } else {
+        SharedPorts::Refuse
+    };
+    // A config whose TLS material does not load, or whose ports another process serves, is
+    // refused at start as it would be on reload (a dry run opens no port, so checks no port).
     let initial_check = match cli.dry_run {
         true => check_tls_material(&config),
-        false => check_config(&StunnerConfig::zero(&id), &config),
+        false => check_config(&StunnerConfig::zero(&id), &config, shared_ports),
     };
     if let Err(e) = initial_check {
         tracing::error!(target: "stunnerd", "{e}");
@@ -422,7 +432,9 @@ fn main() -> ExitCode {
             uturn_dataplane::io::metrics::render_prometheus(&scrape_stats, out)
         }),
         force_ready: cli.force_ready_status,
-        check: Box::new(check_config),
+        check: Box::new(move |running: &StunnerConfig, new: &StunnerConfig| {
+            check_config(running, new, shared_ports)
+        }),
     }) {
         Ok(control) => control,
         Err(e) => {

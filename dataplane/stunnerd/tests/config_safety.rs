@@ -1,16 +1,18 @@
-//! A config mistake must not close a serving port: a certificate and key that do not load or
-//! do not match are refused before any listener restarts, at start and on reload. The real
-//! stunnerd binary, live relays through turncat (TLS, DTLS).
+//! A config mistake must not close a serving port or split its clients: a certificate and key
+//! that do not load or do not match are refused before any listener restarts, at start and on
+//! reload; a port another process serves is refused (unless `--allow-shared-ports`). The
+//! real stunnerd binary, live relays through turncat (TLS, DTLS) and turn-client-proto (UDP).
 
 mod support;
 
 use base64::Engine as _;
+use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use support::{
-    free_port, http_get, metric, paced_echo, served_certificate, temp_file, turncat_tunnel,
-    wait_until, RecordingPeer, Stunnerd,
+    free_port, http_get, metric, paced_echo, served_certificate, stream, temp_file, turncat_tunnel,
+    wait_until, Driver, Peer, RecordingPeer, Stunnerd,
 };
 
 const AUTH: &str = "{type: static, credentials: {username: user1, password: pass1}}";
@@ -275,4 +277,181 @@ fn a_start_config_whose_key_does_not_load_or_match_exits_1_naming_the_listener()
         }
         let _ = std::fs::remove_file(&path);
     }
+}
+
+// Ports another process serves.
+
+/// A UDP socket on 127.0.0.1:`port` with SO_REUSEPORT, as another stunnerd holds its port.
+fn reuseport_udp_socket(port: u16) -> UdpSocket {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns until it is wrapped.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0);
+        let on: libc::c_int = 1;
+        let rc = libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEPORT,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        assert_eq!(rc, 0);
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let rc = libc::bind(
+            fd,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        assert_eq!(rc, 0, "bind 127.0.0.1:{port}");
+        UdpSocket::from_raw_fd(fd)
+    }
+}
+
+/// One TURN-UDP listener (and a TURN-TCP one on the same port if `tcp`) on `turn`.
+fn udp_config(turn: u16, health: u16, tcp: bool) -> String {
+    let tcp = if tcp {
+        format!(
+            "- {{name: tcp, protocol: TURN-TCP, address: 127.0.0.1, port: {turn}, routes: [media]}}\n"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "version: v1\nadmin: {{healthcheck_endpoint: \"http://127.0.0.1:{health}\"}}\nauth: {AUTH}\n\
+         listeners:\n\
+         - {{name: udp, address: 127.0.0.1, port: {turn}, routes: [media]}}\n\
+         {tcp}\
+         clusters: [{{name: media, endpoints: [\"127.0.0.1\"]}}]\n"
+    )
+}
+
+/// Live UDP clients of `turn`, each with a permission for `peer`.
+fn udp_clients(turn: u16, peer: &Peer, n: usize) -> Vec<Driver> {
+    let server: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    (0..n)
+        .map(|_| {
+            let mut client = Driver::new(server, "user1", "pass1");
+            assert!(client.allocate().is_some(), "{:?}", client.events);
+            assert!(client.permit(peer.addr.ip()));
+            client
+        })
+        .collect()
+}
+
+/// Whether every client still relays: 20 datagrams each, every one echoed.
+fn all_relay(clients: &mut [Driver], peer: &Peer, tag: &str) -> bool {
+    clients
+        .iter_mut()
+        .all(|client| stream(client, peer.addr, tag, 20) == 20)
+}
+
+#[test]
+fn a_second_stunnerd_on_a_served_port_exits_1_naming_it_and_the_first_keeps_its_clients() {
+    let (turn, health, health2) = (free_stream_port(), free_stream_port(), free_stream_port());
+    let first_path = temp_file("config-safety-first.yaml");
+    std::fs::write(&first_path, udp_config(turn, health, true)).unwrap();
+    let first = Stunnerd::start(
+        &["-c", &format!("file://{}", first_path.display())],
+        &[("UTURN_SHARDS", "2")],
+    );
+    assert!(
+        wait_until(10, || ready(health)),
+        "not ready:\n{}",
+        first.logs()
+    );
+    let peer = Peer::start();
+    let mut clients = udp_clients(turn, &peer, 8);
+    assert!(all_relay(&mut clients, &peer, "before"));
+
+    // The same port, from another process.
+    let second_path = temp_file("config-safety-second.yaml");
+    std::fs::write(&second_path, udp_config(turn, health2, true)).unwrap();
+    let second_origin = format!("file://{}", second_path.display());
+    let mut second = Stunnerd::start(&["-c", &second_origin], &[("UTURN_SHARDS", "2")]);
+    let code = second.wait_exit();
+    let logs = second.logs();
+    assert_eq!(code, Some(1), "the second stunnerd kept running:\n{logs}");
+    for needle in [
+        &format!("port {turn}/udp"),
+        "listeners[0].port",
+        "already served by another process",
+        "--allow-shared-ports",
+    ] {
+        assert!(logs.contains(needle), "{needle:?} missing:\n{logs}");
+    }
+    assert!(all_relay(&mut clients, &peer, "after"));
+    assert!(ready(health));
+    drop(first);
+    let _ = std::fs::remove_file(&first_path);
+    let _ = std::fs::remove_file(&second_path);
+}
+
+#[test]
+fn with_allow_shared_ports_a_second_stunnerd_starts_on_a_served_port() {
+    let (turn, health, health2) = (free_stream_port(), free_stream_port(), free_stream_port());
+    let first_path = temp_file("config-safety-shared-first.yaml");
+    std::fs::write(&first_path, udp_config(turn, health, false)).unwrap();
+    let first = Stunnerd::start(&["-c", &format!("file://{}", first_path.display())], &[]);
+    assert!(wait_until(10, || ready(health)), "{}", first.logs());
+    let second_path = temp_file("config-safety-shared-second.yaml");
+    std::fs::write(&second_path, udp_config(turn, health2, false)).unwrap();
+    let mut second = Stunnerd::start(
+        &[
+            "-c",
+            &format!("file://{}", second_path.display()),
+            "--allow-shared-ports",
+        ],
+        &[],
+    );
+    assert!(
+        wait_until(10, || ready(health2)),
+        "the second stunnerd did not start:\n{}",
+        second.logs()
+    );
+    assert_eq!(second.wait_exit_for(1.0), None, "{}", second.logs());
+    drop((first, second));
+    let _ = std::fs::remove_file(&first_path);
+    let _ = std::fs::remove_file(&second_path);
+}
+
+#[test]
+fn a_reload_onto_a_port_another_process_holds_is_refused_and_the_running_listener_stays() {
+    let (turn, health) = (free_stream_port(), free_stream_port());
+    // Another process's socket, as a stale stunnerd would hold it: SO_REUSEPORT, unconnected.
+    let held = free_stream_port();
+    let holder = reuseport_udp_socket(held);
+
+    let path = temp_file("config-safety-move.yaml");
+    std::fs::write(&path, udp_config(turn, health, false)).unwrap();
+    let server = start_watching(&format!("file://{}", path.display()));
+    assert!(wait_until(10, || ready(health)), "{}", server.logs());
+    let peer = Peer::start();
+    let mut clients = udp_clients(turn, &peer, 4);
+    assert!(all_relay(&mut clients, &peer, "before"));
+
+    // Move the listener onto the held port.
+    rewrite(&path, &udp_config(held, health, false));
+    let refused = wait_until(10, || server.logs().contains("config rejected"));
+    let logs = server.logs();
+    assert!(refused, "the move was not refused:\n{logs}");
+    for needle in [
+        &format!("port {held}/udp"),
+        "listener \"udp\"",
+        "already served by another process",
+    ] {
+        assert!(logs.contains(needle), "{needle:?} missing:\n{logs}");
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(all_relay(&mut clients, &peer, "after"), "{}", server.logs());
+    assert!(ready(health));
+    drop(holder);
+    let _ = std::fs::remove_file(&path);
 }
