@@ -76,25 +76,18 @@ impl fmt::Display for Holder {
 /// The sockets of other processes that serve `port` in `protocol`, whatever their address
 /// (our listeners bind the wildcard, so any address on the port overlaps them).
 pub fn foreign_holders(protocol: PortProtocol, port: u16) -> io::Result<Vec<Holder>> {
-    // Ours before and after reading the tables: a socket we open or close meanwhile is still
-    // known as ours.
-    let before = own_socket_inodes()?;
-    let mut bound = Vec::new();
-    for table in protocol.tables() {
-        match std::fs::read_to_string(table) {
-            Ok(text) => bound.extend(bound_inodes(&text, port, protocol.serving_state())),
-            // No IPv6 on this host.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-    }
-    if bound.is_empty() {
+    // Our descriptors are read only if something is bound to the port (a gateway holds one
+    // per allocation), between two reads of the tables: a socket of ours opened meanwhile is
+    // among them, one closed meanwhile is gone from the second read.
+    let first = bound_on(protocol, port)?;
+    if first.is_empty() {
         return Ok(Vec::new());
     }
-    let after = own_socket_inodes()?;
-    let foreign: Vec<u64> = bound
+    let ours = socket_inodes_of("self")?;
+    let second = bound_on(protocol, port)?;
+    let foreign: Vec<u64> = first
         .into_iter()
-        .filter(|inode| !before.contains(inode) && !after.contains(inode))
+        .filter(|inode| second.contains(inode) && !ours.contains(inode))
         .collect();
     if foreign.is_empty() {
         return Ok(Vec::new());
@@ -110,6 +103,20 @@ pub fn foreign_holders(protocol: PortProtocol, port: u16) -> io::Result<Vec<Hold
                 .map(|(_, process)| process.clone()),
         })
         .collect())
+}
+
+/// The inodes of the sockets serving `port` in `protocol`, both address families.
+fn bound_on(protocol: PortProtocol, port: u16) -> io::Result<Vec<u64>> {
+    let mut bound = Vec::new();
+    for table in protocol.tables() {
+        match std::fs::read_to_string(table) {
+            Ok(text) => bound.extend(bound_inodes(&text, port, protocol.serving_state())),
+            // No IPv6 on this host.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(bound)
 }
 
 /// The inodes of the sockets in a `/proc/net/{udp,tcp}[6]` table bound to `port` in `state`
@@ -144,10 +151,6 @@ fn socket_inodes_of(pid: &str) -> io::Result<HashSet<u64>> {
         }
     }
     Ok(inodes)
-}
-
-fn own_socket_inodes() -> io::Result<HashSet<u64>> {
-    socket_inodes_of("self")
 }
 
 /// `socket:[12345]` → 12345.
