@@ -67,7 +67,7 @@ pub struct Holder {
 impl fmt::Display for Holder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.process {
-            Some((pid, command)) => write!(f, "pid {pid} ({command})"),
+            Some((pid, command)) => write!(f, "pid {pid}, {command}"),
             None => write!(f, "socket inode {} (owner not visible)", self.inode),
         }
     }
