@@ -3,6 +3,7 @@
 //! change, pings every 5 s, gives up on a connection silent for 8 s and reconnects every
 //! second, forever.
 
+use crate::cds_message::{parse_message, CdsMessage};
 use crate::Event;
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Empty};
@@ -216,18 +217,17 @@ async fn watch_once(
 }
 
 fn handle_frame(text: &str, url: &str, events: &UnboundedSender<Event>) {
-    if text.trim().is_empty() {
-        tracing::debug!(target: "cds-client", "ignoring zero-length config");
-        return;
-    }
-    match parse_config(text) {
-        Ok(config) if config.is_zero() => {
+    match parse_message(text) {
+        CdsMessage::Empty => {
+            tracing::debug!(target: "cds-client", "ignoring zero-length config");
+        }
+        CdsMessage::Delete => {
             tracing::info!(target: "cds-client", "Ignoring delete configuration update from {url}");
         }
-        Ok(config) => {
-            let _ = events.send(Event::Config(Box::new(config)));
+        CdsMessage::Config(config) => {
+            let _ = events.send(Event::Config(config));
         }
-        Err(e) => tracing::warn!(
+        CdsMessage::Invalid(e) => tracing::warn!(
             target: "cds-client",
             "ignoring invalid config from {url} (the running config stays): {e}"
         ),

@@ -22,7 +22,8 @@ pub enum Request<'a> {
     Incomplete,
     /// The head did not end within [`MAX_REQUEST`] bytes: close without answering.
     TooLarge,
-    /// A complete head; `path` is the request target without its query, a range of the input.
+    /// A complete head; `path` is the request target without its query: empty, or a range of
+    /// the input.
     Complete {
         /// The path (may be empty or anything the client wrote: routing decides).
         path: &'a [u8],

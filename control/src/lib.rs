@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod cds;
+pub mod cds_message;
 pub mod dns;
 pub mod file;
 pub mod health;

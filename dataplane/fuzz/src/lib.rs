@@ -6,6 +6,8 @@
 //! Every `run` panics (which libFuzzer reports as a crash) when an invariant a user relies on
 //! does not hold, not only when the code under test panics.
 
+pub mod admin_http;
+pub mod cds_message;
 pub mod config;
 pub mod engine;
 pub mod framer;
