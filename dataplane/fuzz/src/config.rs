@@ -153,7 +153,7 @@ pub fn check_config(cfg: &StunnerConfig, revalidate: bool) {
         }
     }
     let _ = cfg.is_zero();
-    let snap = Snapshot::from_config(cfg, 1, &|_| Vec::new());
+    let snap = Snapshot::from_config_on_host(cfg, 1, &|_| Vec::new(), &[]);
     check_snapshot(cfg, &snap);
 }
 

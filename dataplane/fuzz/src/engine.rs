@@ -144,7 +144,7 @@ pub struct Variant {
 
 fn variant(text: &str) -> Variant {
     let cfg = parse_config(text).unwrap_or_else(|e| panic!("harness config: {e}"));
-    let snap = Snapshot::from_config(&cfg, 1, &|_| Vec::new());
+    let snap = Snapshot::from_config_on_host(&cfg, 1, &|_| Vec::new(), &[]);
     Variant { cfg, snap }
 }
 

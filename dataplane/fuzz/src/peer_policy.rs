@@ -6,9 +6,10 @@
 //!
 //! Checks: `canonical_peer` is idempotent and leaves IPv4 alone; `scope` agrees with the
 //! standard library's predicates on the canonical address; `in_prefix` agrees with plain mask
-//! arithmetic; every IPv6 form `canonical_peer` reduces (mapped, compatible, NAT64 64:ff9b::/96,
-//! 6to4 2002::/16, Teredo 2001::/32) gets exactly the verdict of the IPv4 address it embeds,
-//! from `scope`, `endpoint_admits` and the snapshot; special-scope peers (unspecified,
+//! arithmetic; every IPv6 form `canonical_peer` reduces (mapped, compatible, NAT64 64:ff9b::/96)
+//! gets exactly the verdict of the IPv4 address it embeds, from `scope`, `endpoint_admits` and
+//! the snapshot; a tunnel form (6to4 2002::/16, Teredo 2001::/32) is not reduced, yields its
+//! IPv4 through `tunnel_ipv4`, and is admitted only where that IPv4 is permitted too; special-scope peers (unspecified,
 //! loopback, link-local, multicast, broadcast) and the gateway's own addresses are never
 //! admitted through 0.0.0.0/0 or ::/0, only through an endpoint that lists them; and each
 //! route's verdict equals the one its cluster list implies.
@@ -17,7 +18,9 @@ use crate::input::Input;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
 use uturn_shared::config::parse_config;
-use uturn_shared::policy::{canonical_peer, endpoint_admits, in_prefix, scope, Scope};
+use uturn_shared::policy::{
+    canonical_peer, endpoint_admits, in_prefix, scope, tunnel_ipv4, Scope,
+};
 use uturn_shared::snapshot::{ClusterId, Snapshot};
 
 /// The fixed config of the snapshot.
@@ -60,7 +63,7 @@ fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
         let cfg = parse_config(CONFIG).expect("peer_policy config");
-        let snap = Snapshot::from_config(&cfg, 1, &|_| Vec::new());
+        let snap = Snapshot::from_config_on_host(&cfg, 1, &|_| Vec::new(), &[]);
         let id = |name: &str| snap.clusters.iter().position(|c| c.name == name).unwrap();
         Fixture {
             world: id("world"),
@@ -136,6 +139,14 @@ fn expected(f: &Fixture, route: &str, peer: SocketAddr) -> Option<ClusterId> {
     if peer.port() == 0 {
         return None;
     }
+    // A tunnel form (6to4, Teredo) is judged as the IPv6 host and by the IPv4 it travels
+    // through: that IPv4 must be permitted by the route too.
+    if let Some(v4) = tunnel_ipv4(ip) {
+        let through = SocketAddr::new(IpAddr::V4(v4), peer.port());
+        if expected(f, route, through).is_none() {
+            return None;
+        }
+    }
     let own = f.own.iter().any(|&o| canonical_peer(o) == ip);
     let global = scope(ip) == Scope::Global;
     let loopback_listed = ip == IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -209,15 +220,30 @@ fn check_peer(f: &Fixture, ip: IpAddr, port: u16, networks: &[(IpAddr, u8)]) {
 }
 
 /// The IPv6 forms `canonical_peer` reduces to `a`, built with `extra` in the free bits.
-pub fn embeddings(a: Ipv4Addr, extra: [u8; 8]) -> Vec<Ipv6Addr> {
+pub fn embeddings(a: Ipv4Addr, _extra: [u8; 8]) -> Vec<Ipv6Addr> {
+    let v = u32::from(a);
+    let hi = (v >> 16) as u16;
+    let lo = v as u16;
+    let mut forms = vec![
+        a.to_ipv6_mapped(),
+        Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, hi, lo),
+    ];
+    // IPv4-compatible, except where it spells :: or ::1.
+    if v > 1 {
+        forms.push(Ipv6Addr::new(0, 0, 0, 0, 0, 0, hi, lo));
+    }
+    forms
+}
+
+/// The tunnel forms (6to4, Teredo) that carry `a`, built with `extra` in the free bits: IPv6
+/// hosts reached through `a`, judged as both.
+pub fn tunnels(a: Ipv4Addr, extra: [u8; 8]) -> Vec<Ipv6Addr> {
     let o = a.octets();
     let v = u32::from(a);
     let hi = (v >> 16) as u16;
     let lo = v as u16;
     let e = |i: usize| u16::from_be_bytes([extra[i], extra[i + 1]]);
-    let mut forms = vec![
-        a.to_ipv6_mapped(),
-        Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, hi, lo),
+    vec![
         Ipv6Addr::new(
             0x2002,
             u16::from_be_bytes([o[0], o[1]]),
@@ -230,12 +256,7 @@ pub fn embeddings(a: Ipv4Addr, extra: [u8; 8]) -> Vec<Ipv6Addr> {
         ),
         // Teredo: server address, flags, obfuscated port, then the client address inverted.
         Ipv6Addr::new(0x2001, 0, e(0), e(2), e(4), e(6), !hi, !lo),
-    ];
-    // IPv4-compatible, except where it spells :: or ::1.
-    if v > 1 {
-        forms.push(Ipv6Addr::new(0, 0, 0, 0, 0, 0, hi, lo));
-    }
-    forms
+    ]
 }
 
 /// The fuzz target.
@@ -270,6 +291,20 @@ pub fn run(data: &[u8]) {
     check_peer(f, net, port, &networks);
 
     let a = IpAddr::V4(v4);
+    for form in tunnels(v4, extra) {
+        let form = IpAddr::V6(form);
+        assert_eq!(canonical_peer(form), form, "{form} is reduced");
+        assert_eq!(tunnel_ipv4(form), Some(v4), "{form} does not carry {a}");
+        for route_name in ["all", "world", "private"] {
+            let route = f.snap.route(route_name).unwrap();
+            if f.snap.admits(route, SocketAddr::new(form, port)).is_some() {
+                assert!(
+                    f.snap.permits_ip(route, a),
+                    "route {route_name}: {form} admitted though {a} is not permitted"
+                );
+            }
+        }
+    }
     for form in embeddings(v4, extra) {
         let form = IpAddr::V6(form);
         assert_eq!(canonical_peer(form), a, "{form} does not reduce to {a}");

@@ -4,7 +4,8 @@
 //! on accept and released when the connection authenticates or closes, never per packet.
 //!
 //! Per-address counts live in a fixed table of atomic counters picked by a keyed hash of the
-//! address (as the challenge limiter's buckets): no state is created per client, and two
+//! address (SipHash under a random key, as the challenge limiter's buckets, so a client cannot
+//! choose addresses that land in a victim's counter): no state is created per client, and two
 //! addresses whose hashes collide share one budget (odds 1 in [`BUCKETS`]).
 
 use std::hash::BuildHasher;
@@ -58,7 +59,7 @@ pub(super) struct StreamAdmission {
     limits: StreamLimits,
     total: AtomicUsize,
     per_ip: Box<[AtomicU32]>,
-    hasher: foldhash::fast::RandomState,
+    hasher: std::collections::hash_map::RandomState,
 }
 
 impl StreamAdmission {
@@ -67,7 +68,7 @@ impl StreamAdmission {
             limits,
             total: AtomicUsize::new(0),
             per_ip: (0..BUCKETS).map(|_| AtomicU32::new(0)).collect(),
-            hasher: foldhash::fast::RandomState::default(),
+            hasher: std::collections::hash_map::RandomState::new(),
         }
     }
 
