@@ -757,23 +757,17 @@ fn read_some(conn: &TcpStream, max: usize, into: &mut Vec<u8>) -> usize {
     n
 }
 
-/// A UDP echo peer with room for the largest datagram, for `secs` seconds.
-fn big_echo_peer(secs: u64) -> SocketAddr {
-    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_millis(50)))
-        .unwrap();
-    let addr = socket.local_addr().unwrap();
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 65_536];
-        let until = Instant::now() + Duration::from_secs(secs);
-        while Instant::now() < until {
-            if let Ok((n, from)) = socket.recv_from(&mut buf) {
-                let _ = socket.send_to(&buf[..n], from);
-            }
+/// The last whole frame `conn` has within 5 s (reading into `stream`), echoing `what`.
+fn next_frame(conn: &TcpStream, stream: &mut Vec<u8>, what: &str) -> Vec<u8> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        read_some(conn, 1 << 17, stream);
+        if let Some(frame) = take_frames(stream).pop() {
+            return frame;
         }
-    });
-    addr
+        assert!(Instant::now() < deadline, "no echo of {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 const SLOW_READ: usize = 12 << 10;
@@ -899,7 +893,8 @@ fn large_channel_data_over_tcp_is_relayed_whole() {
     let (turn, tcp, metrics) = (free_port(), free_port(), free_port());
     let (server, _config) = start(&udp_tcp_config(turn, tcp, metrics), metrics, &[]);
     let tcp_target: SocketAddr = ([127, 0, 0, 1], tcp).into();
-    let peer = big_echo_peer(20);
+    let echo = Peer::start();
+    let peer = echo.addr;
     let mut client = BenchClient::allocate_over(tcp_target, "user1", "pass1", true).unwrap();
     client.bind_channel(0x4001, peer).unwrap();
     let uturn_perf::client::Link::Tcp(conn) = &client.socket else {
@@ -912,15 +907,7 @@ fn large_channel_data_over_tcp_is_relayed_whole() {
         frame.extend_from_slice(&payload);
         frame.resize(uturn_shared::framing::padded(frame.len()), 0);
         (&*conn).write_all(&frame).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let echoed = loop {
-            read_some(conn, 1 << 17, &mut stream);
-            if let Some(frame) = take_frames(&mut stream).pop() {
-                break frame;
-            }
-            assert!(Instant::now() < deadline, "no echo of {size} bytes");
-            std::thread::sleep(Duration::from_millis(5));
-        };
+        let echoed = next_frame(conn, &mut stream, &format!("{size} bytes"));
         assert_eq!(&echoed[..2], &[0x40, 0x01]);
         let len = usize::from(u16::from_be_bytes([echoed[2], echoed[3]]));
         assert_eq!(len, size, "echo of {size} bytes came back as {len}");
@@ -934,15 +921,7 @@ fn large_channel_data_over_tcp_is_relayed_whole() {
     (&*conn)
         .write_all(&client.send_indication(peer, &payload))
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let echoed = loop {
-        read_some(conn, 1 << 17, &mut stream);
-        if let Some(frame) = take_frames(&mut stream).pop() {
-            break frame;
-        }
-        assert!(Instant::now() < deadline, "no echo of the Send indication");
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let echoed = next_frame(conn, &mut stream, "the Send indication");
     assert!(echoed[4..] == payload[..], "9000 bytes changed on the way");
     assert!(server.logs().lines().all(|l| !l.contains("panicked")));
 }
@@ -1023,8 +1002,8 @@ fn stalled_pipelining_connections_are_capped_and_cost_little() {
     let tcp_target: SocketAddr = ([127, 0, 0, 1], tcp).into();
     let (peer, mut live_udp) = live_relay(target);
     let mut live_tcp = BenchClient::allocate_over(tcp_target, "user1", "pass1", true).unwrap();
-    let tcp_peer = big_echo_peer(120);
-    live_tcp.bind_channel(0x4002, tcp_peer).unwrap();
+    let tcp_peer = Peer::start();
+    live_tcp.bind_channel(0x4002, tcp_peer.addr).unwrap();
     let allocate = build_request(ALLOCATE, &udp_transport, None).unwrap();
     let pipelined = allocate.repeat((8 << 10) / allocate.len());
     let per_ip = f64::from(uturn_dataplane::io::admission::DEFAULT_MAX_UNAUTHENTICATED_PER_IP);

@@ -401,7 +401,8 @@ impl Peer {
         let counts = std::sync::Arc::new(std::sync::Mutex::new([0u64; 4]));
         let (stop2, counts2) = (stop.clone(), counts.clone());
         std::thread::spawn(move || {
-            let mut buf = [0u8; 2048];
+            // Room for the largest UDP datagram, so large relayed payloads come back whole.
+            let mut buf = vec![0u8; 65_536];
             while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
                 if let Ok((n, from)) = socket.recv_from(&mut buf) {
                     let mut c = counts2.lock().unwrap();
