@@ -357,8 +357,21 @@ impl Admin {
             metrics: AdminServer::new("metrics", "admin.metrics_endpoint", DEFAULT_METRICS_PORT),
         };
         let (health, metrics) = admin_endpoints(&config.initial);
-        admin.health.pending = Some(admin.health.bind(&health)?);
-        admin.metrics.pending = Some(admin.metrics.bind(&metrics)?);
+        // In watch mode the initial config is only the bootstrap one (stunnerd's zero config,
+        // health on `:8086`) until the watched origin sends the real one: a port it cannot
+        // open is logged, as stunnerd logs a failed bootstrap reconcile, and the next config
+        // binds what it names. A fixed config has no next one: it fails the start.
+        let watching = !matches!(config.source, Source::Fixed);
+        for (server, endpoint) in [(&mut admin.health, health), (&mut admin.metrics, metrics)] {
+            match server.bind(&endpoint) {
+                Ok(bound) => server.pending = Some(bound),
+                Err(e) if watching => tracing::error!(
+                    target: "stunnerd",
+                    "bootstrap config: {e}; serving without it until the watched config arrives"
+                ),
+                Err(e) => return Err(e),
+            }
+        }
         Ok(admin)
     }
 

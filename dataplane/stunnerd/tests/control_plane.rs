@@ -325,6 +325,22 @@ fn static_config(turn: u16, health: u16, password: &str, extra: bool) -> String 
     )
 }
 
+/// A stunnerd watching a file holding [`static_config`] on free ports, once it is READY; with
+/// the file and the TURN and health ports.
+fn watching_static_config(name: &str) -> (Stunnerd, std::path::PathBuf, u16, u16) {
+    let (turn, health) = (free_port(), free_port());
+    let config = temp_file(name);
+    std::fs::write(&config, static_config(turn, health, "s3cret", false)).unwrap();
+    let server = Stunnerd::start(&["-w", "-c", &format!("file://{}", config.display())], &[]);
+    assert!(
+        wait_until(10, || status(health)
+            .is_some_and(|s| s["status"] == "READY")),
+        "{}",
+        server.logs()
+    );
+    (server, config, turn, health)
+}
+
 /// An echo peer on 127.0.0.1, answering until `stop` is set.
 fn echo_peer(stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> SocketAddr {
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -347,16 +363,7 @@ fn echo_peer(stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> SocketAddr 
 /// route and a cluster and rotates the password, while an allocation relays: nothing is lost.
 #[test]
 fn file_reconfiguration_loses_no_packet_of_a_live_allocation() {
-    let (turn, health) = (free_port(), free_port());
-    let config = temp_file("watch.yaml");
-    std::fs::write(&config, static_config(turn, health, "s3cret", false)).unwrap();
-    let server = Stunnerd::start(&["-w", "-c", &format!("file://{}", config.display())], &[]);
-    assert!(
-        wait_until(10, || status(health)
-            .is_some_and(|s| s["status"] == "READY")),
-        "{}",
-        server.logs()
-    );
+    let (server, config, turn, health) = watching_static_config("watch.yaml");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let peer = echo_peer(stop.clone());
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
@@ -666,8 +673,13 @@ fn listeners_open_and_close_live_on_every_shard() {
         ],
         &[("UTURN_SHARDS", "2")],
     );
-    assert!(wait_until(10, || status(health)
-        .is_some_and(|s| s["status"] == "READY")));
+    assert!(
+        wait_until(10, || status(health)
+            .is_some_and(|s| s["status"] == "READY")),
+        "{:?}\n{}",
+        status(health),
+        server.logs()
+    );
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
     let extra_addr: SocketAddr = format!("127.0.0.1:{extra}").parse().unwrap();
     let mut kept = Driver::new(turn_addr, "alice", "s3cret");
@@ -1285,4 +1297,29 @@ fn a_service_removed_and_readded_in_one_batch_keeps_its_endpoints() {
         d.responses
     );
     let _ = std::fs::remove_file(kubeconfig);
+}
+
+/// In watch mode the bootstrap config's health server (`:8086`, stunnerd's zero config) is only
+/// a placeholder: a port another process holds is logged, and the watched config still applies
+/// and serves its own health endpoint. (Tests that start `-w` in parallel all want `:8086`.)
+#[test]
+fn watch_mode_boots_when_the_bootstrap_health_port_is_taken() {
+    // Hold :8086 ourselves; another test's stunnerd may hold it for a moment first.
+    let mut holder = None;
+    assert!(wait_until(20, || {
+        holder = std::net::TcpListener::bind("[::]:8086").ok();
+        holder.is_some()
+    }));
+    let (server, config, turn, _) = watching_static_config("bootstrap-port.yaml");
+    assert!(server
+        .logs()
+        .contains("bootstrap config: admin.healthcheck_endpoint \"http://:8086\""));
+    let mut d = Driver::new(
+        format!("127.0.0.1:{turn}").parse().unwrap(),
+        "alice",
+        "s3cret",
+    );
+    d.allocate().expect("allocation");
+    drop(holder);
+    let _ = std::fs::remove_file(config);
 }
