@@ -106,11 +106,6 @@ pub(super) fn context_from_pem(
     Ok(builder.build())
 }
 
-/// [`context_from_pem`] with the reason as text.
-pub(super) fn context(cert_pem: &[u8], key_pem: &[u8]) -> Result<SslContext, String> {
-    context_from_pem(cert_pem, key_pem).map_err(|e| e.to_string())
-}
-
 /// The client a gate is answering, for the cookie callbacks.
 fn client_index() -> Index<Ssl, SocketAddr> {
     static INDEX: OnceLock<Index<Ssl, SocketAddr>> = OnceLock::new();

@@ -21,6 +21,7 @@ use super::socket::{
     try_send_to,
 };
 use super::stream::{set_notsent_lowat, stream_len, Closed, Conn, UNAUTHENTICATED_NOTSENT};
+use super::tls::MaterialError;
 use super::{tls, ShardStats};
 use crate::proto::{
     Bytes, ClientAction, DropReason, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction,
@@ -1461,23 +1462,15 @@ fn spare_fd() -> Option<std::os::fd::OwnedFd> {
     std::fs::File::open("/dev/null").ok().map(Into::into)
 }
 
-/// What a listener spec needs to run: for TLS and DTLS, its certificate and key.
-fn listener_kind(spec: &ListenerSpec) -> Result<Kind, String> {
-    let pem = |what: &str, value: &str| {
-        tls::decode_pem(value).map_err(|e| format!("listener {:?}: {what} is {e}", spec.name))
-    };
+/// What a listener spec needs to run: for TLS and DTLS, the context built from its
+/// certificate and key, as [`super::check`] builds it before the config is applied.
+fn listener_kind(spec: &ListenerSpec) -> Result<Kind, MaterialError> {
+    let (cert, key) = (&spec.tls.cert, &spec.tls.key);
     Ok(match spec.protocol {
         ListenerProtocol::TurnTcp => Kind::Tcp,
-        ListenerProtocol::TurnTls => Kind::Tls(tls::server_config(
-            &pem("cert", &spec.tls.cert)?,
-            &pem("key", &spec.tls.key)?,
-        )?),
+        ListenerProtocol::TurnTls => Kind::Tls(tls::server_config_from_base64(cert, key)?),
         ListenerProtocol::TurnDtls => Kind::Dtls {
-            gate: dtls::Gate::new(dtls::context(
-                &pem("cert", &spec.tls.cert)?,
-                &pem("key", &spec.tls.key)?,
-            )?)
-            .map_err(|e| format!("listener {:?}: DTLS setup failed: {e}", spec.name))?,
+            gate: dtls::gate_from_base64(cert, key)?,
             sessions: HashMap::with_hasher(RandomState::default()),
         },
         _ => Kind::Udp,

@@ -117,11 +117,6 @@ pub fn server_config_from_pem(
     Ok(Arc::new(config))
 }
 
-/// [`server_config_from_pem`] with the reason as text.
-pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<ServerConfig>, String> {
-    server_config_from_pem(cert_pem, key_pem).map_err(|e| e.to_string())
-}
-
 /// A fresh self-signed certificate and key for `host` (an IP address or DNS name), as PEM:
 /// ECDSA P-256, valid for a year. stunnerd generates RSA-4096 for a TURN URI config; P-256 is
 /// as widely accepted by TLS and DTLS clients and takes milliseconds instead of seconds.
@@ -178,8 +173,8 @@ mod tests {
     fn a_self_signed_certificate_serves_tls_and_dtls() {
         let (cert, key) = self_signed("127.0.0.1").unwrap();
         assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"));
-        server_config(cert.as_bytes(), key.as_bytes()).unwrap();
-        super::super::dtls::context(cert.as_bytes(), key.as_bytes()).unwrap();
+        server_config_from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+        super::super::dtls::context_from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
         let encoded = base64::engine::general_purpose::STANDARD.encode(&cert);
         assert_eq!(decode_pem(&encoded).unwrap(), cert.as_bytes());
     }
@@ -232,8 +227,9 @@ mod tests {
 
     #[test]
     fn garbage_is_refused_with_a_reason() {
-        let err = server_config(b"nope", b"nope").unwrap_err();
-        assert!(err.contains("certificate"), "{err}");
+        let err = server_config_from_pem(b"nope", b"nope").unwrap_err();
+        assert_eq!(err.field(), "cert");
+        assert!(err.to_string().contains("certificate"), "{err}");
         assert!(decode_pem("%%%").unwrap_err().contains("base64"));
     }
 }
