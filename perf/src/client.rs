@@ -12,8 +12,10 @@ use stun_proto::types::message::{
     IntegrityAlgorithm, LongTermKeyCredentials, Message, MessageClass, MessageIntegrityCredentials,
     MessageType, MessageWrite, MessageWriteExt, MessageWriteVec, Method, TransactionId,
 };
-use turn_types::attribute::{ChannelNumber, RequestedTransport, XorPeerAddress, XorRelayedAddress};
-use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION};
+use turn_types::attribute::{
+    ChannelNumber, Lifetime, RequestedTransport, XorPeerAddress, XorRelayedAddress,
+};
+use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, REFRESH};
 
 /// A client's connection to the server: a connected UDP socket, or a TCP connection (left
 /// blocking for writes; read it with `MSG_DONTWAIT`).
@@ -178,15 +180,7 @@ impl BenchClient {
         let attrs = move |m: &mut MessageWriteVec, txid: TransactionId| {
             m.add_attribute(&XorPeerAddress::new(peer, txid)).unwrap();
         };
-        let reply = self.request(CREATE_PERMISSION, &attrs, true)?;
-        let msg = Message::from_bytes(&reply).map_err(|e| other(e.to_string()))?;
-        if msg.class() != MessageClass::Success {
-            return Err(other(format!(
-                "create permission failed: {:?}",
-                msg.attribute::<ErrorCode>().ok()
-            )));
-        }
-        Ok(())
+        self.succeed(CREATE_PERMISSION, &attrs, "create permission")
     }
 
     /// A Send indication carrying `data` to `peer` (RFC 8656 §10.1).
@@ -209,11 +203,29 @@ impl BenchClient {
             m.add_attribute(&ChannelNumber::new(channel)).unwrap();
             m.add_attribute(&XorPeerAddress::new(peer, txid)).unwrap();
         };
-        let reply = self.request(CHANNEL_BIND, &attrs, true)?;
+        self.succeed(CHANNEL_BIND, &attrs, "channel bind")
+    }
+
+    /// Deletes the allocation (a Refresh with LIFETIME 0).
+    pub fn delete(&mut self) -> io::Result<()> {
+        let attrs = |m: &mut MessageWriteVec, _: TransactionId| {
+            m.add_attribute(&Lifetime::new(0)).unwrap();
+        };
+        self.succeed(REFRESH, &attrs, "delete")
+    }
+
+    /// Sends an authenticated request; an error unless the answer is a success.
+    fn succeed(
+        &self,
+        method: Method,
+        attrs: &dyn Fn(&mut MessageWriteVec, TransactionId),
+        what: &str,
+    ) -> io::Result<()> {
+        let reply = self.request(method, attrs, true)?;
         let msg = Message::from_bytes(&reply).map_err(|e| other(e.to_string()))?;
         if msg.class() != MessageClass::Success {
             return Err(other(format!(
-                "channel bind failed: {:?}",
+                "{what} failed: {:?}",
                 msg.attribute::<ErrorCode>().ok()
             )));
         }
