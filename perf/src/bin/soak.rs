@@ -37,7 +37,7 @@ struct Cli {
     #[arg(long, default_value = "target/release/turnperf")]
     turnperf: PathBuf,
     /// Seconds of load.
-    #[arg(short, long, default_value_t = 600)]
+    #[arg(short, long, default_value_t = 900)]
     duration: u64,
     /// Where the samples, logs and result table go.
     #[arg(long, default_value = "target/soak")]
