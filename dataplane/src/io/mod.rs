@@ -17,6 +17,7 @@ pub mod probe;
 mod shard;
 pub mod socket;
 mod stream;
+mod sys;
 pub mod tls;
 mod uring;
 
@@ -59,18 +60,7 @@ pub fn usable_cpus() -> usize {
 
 /// The CPUs this process may run on (`sched_getaffinity`: a pod's cpuset, or `taskset`).
 pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: an all-zero cpu_set_t is empty; the call fills it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is valid for writes of its size.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if rc != 0 {
-        return Vec::new();
-    }
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `cpu` is below CPU_SETSIZE.
-        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .collect()
+    sys::cpu_affinity().unwrap_or_default()
 }
 
 /// Where each of `shards` shards runs, given the CPUs allowed: one shard per CPU, pinned, when
@@ -83,24 +73,6 @@ pub fn shard_placement(shards: usize, allowed: &[usize]) -> Vec<Option<usize>> {
         allowed.iter().map(|&cpu| Some(cpu)).collect()
     } else {
         vec![None; shards]
-    }
-}
-
-/// Pins the calling thread to `cpu`.
-fn pin_current_thread(cpu: usize) -> io::Result<()> {
-    // SAFETY: an all-zero cpu_set_t is empty; CPU_SET stays within it for cpu < CPU_SETSIZE.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(io::Error::other(format!("CPU {cpu} out of range")));
-    }
-    // SAFETY: as above.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is valid for reads of its size.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 
@@ -198,7 +170,7 @@ impl Dataplane {
                     .name(name)
                     .spawn(move || {
                         if let Some(cpu) = cpu {
-                            if let Err(e) = pin_current_thread(cpu) {
+                            if let Err(e) = sys::set_cpu_affinity(cpu) {
                                 tracing::warn!(target: "stunnerd", "shard {index} not pinned to CPU {cpu}: {e}");
                             }
                         }

@@ -2,7 +2,9 @@
 //! seccomp profiles of containerd 2.x, Docker 25+ and CRI-O; the `kernel.io_uring_disabled`
 //! sysctl), and glommio also needs RLIMIT_MEMLOCK of at least 512 KiB.
 
+use super::sys::{self, IO_URING_PROBE_HEADER, IO_URING_PROBE_OP};
 use std::fmt;
+use std::os::fd::OwnedFd;
 
 /// The IO engine that runs the shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,34 +52,20 @@ pub fn probe_uring() -> Result<(), Unavailable> {
                 .into(),
         ));
     }
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is valid for the call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } == 0
-        && limit.rlim_cur != libc::RLIM_INFINITY
-        && limit.rlim_cur < GLOMMIO_MEMLOCK
-    {
+    if let Some(limit) = sys::memlock_limit().filter(|&limit| limit < GLOMMIO_MEMLOCK) {
         return Err(Unavailable(format!(
             "RLIMIT_MEMLOCK is {} KiB and the io_uring engine needs at least {} KiB; raise the \
              memlock limit (ulimit -l, or the container runtime's default), or use --io-engine \
              epoll",
-            limit.rlim_cur / 1024,
+            limit / 1024,
             GLOMMIO_MEMLOCK / 1024
         )));
     }
-    // struct io_uring_params is 120 bytes; all-zero asks for defaults.
-    let mut params = [0u8; 120];
-    // SAFETY: io_uring_setup(entries, params) with a zeroed params buffer of the right size.
-    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
-    if fd >= 0 {
-        let ops = probe_opcodes(fd as libc::c_int);
-        // SAFETY: the ring fd we just got.
-        unsafe { libc::close(fd as libc::c_int) };
-        return ops;
-    }
-    let error = std::io::Error::last_os_error();
+    // Dropping the ring closes it.
+    let error = match sys::io_uring_setup(4) {
+        Ok(ring) => return probe_opcodes(&ring),
+        Err(error) => error,
+    };
     Err(Unavailable(match error.raw_os_error() {
         Some(libc::ENOSYS) => format!(
             "io_uring_setup failed with ENOSYS ({error}): the kernel has no io_uring, or a \
@@ -139,26 +127,14 @@ const NEEDED_OPS: [(u8, &str); 6] = [
     (27, "RECV"),
 ];
 
-/// Asks ring `fd` which operations the kernel supports (`IORING_REGISTER_PROBE`); an error
+/// Asks `ring` which operations the kernel supports (`IORING_REGISTER_PROBE`); an error
 /// names the first missing one, or says that `io_uring_register` itself is refused.
-fn probe_opcodes(fd: libc::c_int) -> Result<(), Unavailable> {
-    const IORING_REGISTER_PROBE: libc::c_uint = 8;
+fn probe_opcodes(ring: &OwnedFd) -> Result<(), Unavailable> {
     const OPS: usize = 64;
     // struct io_uring_probe: last_op u8, ops_len u8, resv u16, resv2 [u32; 3], then OPS
     // entries of struct io_uring_probe_op (op u8, resv u8, flags u16, resv2 u32).
-    let mut probe = [0u8; 16 + OPS * 8];
-    // SAFETY: the buffer holds the header and OPS entries, as nr_args says.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_io_uring_register,
-            fd,
-            IORING_REGISTER_PROBE,
-            probe.as_mut_ptr(),
-            OPS as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        let error = std::io::Error::last_os_error();
+    let mut probe = [0u8; IO_URING_PROBE_HEADER + OPS * IO_URING_PROBE_OP];
+    if let Err(error) = sys::io_uring_register_probe(ring, &mut probe) {
         return Err(Unavailable(format!(
             "io_uring_register failed ({error}): a seccomp profile allows io_uring_setup but \
              not io_uring_register; allow io_uring_setup, io_uring_enter and io_uring_register \
@@ -168,7 +144,8 @@ fn probe_opcodes(fd: libc::c_int) -> Result<(), Unavailable> {
     let ops_len = usize::from(probe[1]).min(OPS);
     for (op, name) in NEEDED_OPS {
         let supported = (0..ops_len).any(|i| {
-            let entry = &probe[16 + i * 8..16 + i * 8 + 8];
+            let at = IO_URING_PROBE_HEADER + i * IO_URING_PROBE_OP;
+            let entry = &probe[at..at + IO_URING_PROBE_OP];
             entry[0] == op && u16::from_ne_bytes([entry[2], entry[3]]) & 1 != 0
         });
         if !supported {

@@ -18,9 +18,9 @@ use super::groups::Take;
 use super::metrics::{Named, ShardReport};
 use super::socket::{
     canonical, for_socket, listener_socket, prepare_stream, relay_socket, stream_listener_socket,
-    try_send_to,
 };
 use super::stream::{set_notsent_lowat, stream_len, Closed, Conn, UNAUTHENTICATED_NOTSENT};
+use super::sys::{self, try_send_to};
 use super::tls::MaterialError;
 use super::{tls, ShardStats};
 use crate::proto::{
@@ -374,6 +374,11 @@ pub(super) struct Shard<D: Driver> {
 const NO_SLOT: usize = usize::MAX;
 
 impl<D: Driver> Shard<D> {
+    /// What waits for this shard's sockets.
+    pub fn driver(&self) -> &D {
+        &self.driver
+    }
+
     pub fn new(setup: &ShardSetup, driver: D) -> Shard<D> {
         Shard {
             index: setup.index,
@@ -603,18 +608,9 @@ impl<D: Driver> Shard<D> {
             return Readiness::Drained;
         };
         for _ in 0..ACCEPTS {
-            // SAFETY: plain syscall on an open listening socket; no address is asked for.
-            let accepted = unsafe {
-                libc::accept4(
-                    fd,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                )
-            };
-            if accepted < 0 {
-                let error = io::Error::last_os_error();
-                match error.kind() {
+            let socket = match sys::accept(fd) {
+                Ok(socket) => socket,
+                Err(error) => match error.kind() {
                     io::ErrorKind::WouldBlock => return Readiness::Drained,
                     io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted => continue,
                     _ => {
@@ -623,10 +619,8 @@ impl<D: Driver> Shard<D> {
                         }
                         return Readiness::Drained;
                     }
-                }
-            }
-            // SAFETY: accept4 returned a new fd that nothing else owns.
-            let socket = unsafe { <Socket as std::os::fd::FromRawFd>::from_raw_fd(accepted) };
+                },
+            };
             self.accepted(id, socket);
         }
         Readiness::More
@@ -652,21 +646,9 @@ impl<D: Driver> Shard<D> {
             self.spare_fd = spare_fd();
             return false;
         }
-        // SAFETY: plain syscall on an open listening socket; the result is closed at once.
-        let accepted = unsafe {
-            libc::accept4(
-                listener_fd,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if accepted >= 0 {
-            // SAFETY: a new fd that nothing else owns.
-            unsafe { libc::close(accepted) };
-        }
+        let refused = sys::accept_and_close(listener_fd);
         self.spare_fd = spare_fd();
-        accepted >= 0
+        refused
     }
 
     /// Takes a connection accepted on stream listener `id`.
@@ -855,8 +837,7 @@ impl<D: Driver> Shard<D> {
             tracing::debug!(target: "stunner", "connection from {} closed: {why:?}", conn.client);
         }
         // Wakes an io_uring watcher (which then closes the fd); epoll's watch closes it on drop.
-        // SAFETY: the fd is open until the watch is dropped below.
-        unsafe { libc::shutdown(conn.fd, libc::SHUT_RDWR) };
+        sys::shutdown(conn.fd);
         self.free_conns.push(slot);
         drop(conn);
     }

@@ -11,6 +11,7 @@ use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 use uturn_shared::framing::{frame_len, padded, FrameError, MAX_FRAME};
 
+use super::sys;
 use crate::proto::ListenerId;
 
 /// Bytes read from the socket per `recv`.
@@ -369,55 +370,33 @@ pub(super) const UNAUTHENTICATED_NOTSENT: u32 = 4 << 10;
 /// system default, no limit). Unlike a small `SO_SNDBUF` this can be undone, so an
 /// authenticated connection keeps the kernel's buffer autotuning.
 pub(super) fn set_notsent_lowat(fd: RawFd, bytes: u32) {
-    let value = bytes as libc::c_int;
-    // SAFETY: plain setsockopt with a valid int; failure only leaves the default.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_NOTSENT_LOWAT,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+    // Failure only leaves the default.
+    let _ = sys::set_int_option(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_NOTSENT_LOWAT,
+        bytes as libc::c_int,
+    );
 }
 
 /// One non-blocking `recv`: `Ok(None)` when nothing is waiting.
 fn recv(fd: RawFd, buf: &mut [u8]) -> Result<Option<usize>, Closed> {
-    loop {
-        // SAFETY: `buf` is valid for writes of its length; MSG_DONTWAIT never blocks.
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if n >= 0 {
-            return Ok(Some(n as usize));
-        }
-        match io::Error::last_os_error().kind() {
-            io::ErrorKind::WouldBlock => return Ok(None),
-            io::ErrorKind::Interrupted => continue,
-            _ => return Err(Closed::Error),
-        }
-    }
+    retry(|| sys::recv(fd, buf))
 }
 
 /// One non-blocking `send`: `Ok(None)` when the socket buffer is full.
 fn send(fd: RawFd, data: &[u8]) -> Result<Option<usize>, Closed> {
+    retry(|| sys::send(fd, data))
+}
+
+/// Runs `call` again while a signal interrupts it: `Ok(None)` when the socket would block.
+fn retry(mut call: impl FnMut() -> io::Result<usize>) -> Result<Option<usize>, Closed> {
     loop {
-        // SAFETY: `data` is valid for reads of its length; MSG_NOSIGNAL: a closed peer is an
-        // error, not a signal.
-        let n = unsafe {
-            libc::send(
-                fd,
-                data.as_ptr().cast(),
-                data.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n >= 0 {
-            return Ok(Some(n as usize));
-        }
-        match io::Error::last_os_error().kind() {
-            io::ErrorKind::WouldBlock => return Ok(None),
-            io::ErrorKind::Interrupted => continue,
-            _ => return Err(Closed::Error),
+        match call() {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return Err(Closed::Error),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! a one-byte peek (which also sees end of stream) and lets the shard read it.
 
 use super::shard::{Driver, Interest, Readiness, Shard, ShardSetup, Token, TICK};
+use super::sys;
 use crate::proto::ListenerId;
 use glommio::net::{TcpListener, TcpStream, UdpSocket};
 use glommio::{spawn_local, Task};
@@ -142,14 +143,11 @@ async fn accept(
         };
         // glommio's stream cannot give its fd up: the shard gets a duplicate, and glommio's
         // copy is closed (the connection stays open through the duplicate).
-        // SAFETY: plain syscall on an open fd; the result is checked.
-        let fd = unsafe { libc::fcntl(stream.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        let duplicate = sys::duplicate(stream.as_raw_fd());
         drop(stream);
-        if fd < 0 {
+        let Ok(socket) = duplicate else {
             continue;
-        }
-        // SAFETY: a new fd that nothing else owns.
-        let socket = unsafe { Socket::from_raw_fd(fd) };
+        };
         let Some(shard) = shard.upgrade() else {
             return;
         };
