@@ -3,10 +3,31 @@
 //! stunnerd's metric names, types, labels and help strings (stunnerd.md §7), plus uturn's drop
 //! counters.
 
-use super::ShardStats;
 use crate::proto::DropReason;
 use std::fmt::Write as _;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters one shard publishes once per tick (single writer, read at scrape time).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub struct ShardStats {
+    /// Live allocations.
+    pub allocations: AtomicU64,
+    /// Allocations ever created.
+    pub allocations_created: AtomicU64,
+    /// Datagrams received on listener sockets.
+    pub listener_rx_packets: AtomicU64,
+    /// Datagrams dropped (malformed, no allocation, not admitted, …).
+    pub dropped: AtomicU64,
+    /// Datagrams dropped as malformed.
+    pub malformed: AtomicU64,
+    /// Datagrams relayed client → peer.
+    pub relayed_to_peer: AtomicU64,
+    /// Datagrams relayed peer → client.
+    pub relayed_to_client: AtomicU64,
+    /// Traffic by listener and cluster, and drops by reason; replaced once per tick.
+    pub report: std::sync::Mutex<ShardReport>,
+}
 
 /// Datagrams and bytes, each way (`rx`: received by uturn, `tx`: sent by uturn).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

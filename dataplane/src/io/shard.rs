@@ -15,14 +15,15 @@ use super::admission::{Refused, StreamAdmission};
 use super::batch::{Datagram, RecvBatch, SendQueue, BATCH, MAX_UDP_PAYLOAD};
 use super::dtls;
 use super::groups::Take;
+use super::metrics::ShardStats;
 use super::metrics::{Named, ShardReport};
 use super::socket::{
     canonical, for_socket, listener_socket, prepare_stream, relay_socket, stream_listener_socket,
 };
 use super::stream::{set_notsent_lowat, stream_len, Closed, Conn, UNAUTHENTICATED_NOTSENT};
 use super::sys::{self, try_send_to};
+use super::tls;
 use super::tls::MaterialError;
-use super::{tls, ShardStats};
 use crate::proto::{
     Bytes, ClientAction, DropReason, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction,
     RelayId, PEER_HEADROOM,

@@ -125,7 +125,7 @@ impl<W> Conn<W> {
 
     /// Reads what the socket has (at most [`READ_ROUNDS`] chunks, and never more than one
     /// frame's worth of unhandled plaintext), decrypting TLS. `Ok(n)`: bytes read from the
-    /// socket; call [`Conn::next_frame`] until it gives `None`, then read again if `n` was
+    /// socket; call [`Rx::next_frame`] until it gives `None`, then read again if `n` was
     /// large.
     pub fn read(&mut self, scratch: &mut [u8]) -> Result<usize, Closed> {
         let mut total = 0;
