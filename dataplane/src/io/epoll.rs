@@ -1,6 +1,6 @@
-//! The epoll engine, for hosts where io_uring is blocked: one thread per shard waiting in
+//! The epoll backend, for hosts where io_uring is blocked: one thread per shard waiting in
 //! `epoll_wait` (level-triggered) on all of its sockets, with the same shard logic and the same
-//! batched syscalls as the io_uring engine. Datagrams queued for clients during one wakeup go
+//! batched syscalls as the io_uring backend. Datagrams queued for clients during one wakeup go
 //! out together, one `sendmmsg` per listener socket.
 
 use super::shard::{Driver, Interest, Readiness, Shard, ShardSetup, Token, TICK};

@@ -4,7 +4,7 @@
 
 use super::metrics::ShardStats;
 use super::placement::{allowed_cpus, shard_placement};
-use super::{admission, epoll, groups, shard, sys, uring, IoEngine};
+use super::{admission, epoll, groups, shard, sys, uring, IoBackend};
 use arc_swap::ArcSwap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,8 +24,8 @@ pub struct DataplaneConfig {
     pub snapshot: Arc<ArcSwap<Snapshot>>,
     /// Secret for stateless nonces, shared by all shards.
     pub nonce_key: [u8; 32],
-    /// What waits for the sockets: io_uring or epoll (see [`super::select_engine`]).
-    pub engine: IoEngine,
+    /// What waits for the sockets: io_uring or epoll (see [`super::select_backend`]).
+    pub backend: IoBackend,
     /// Quotas and rate limits set by flags.
     pub limits: crate::proto::Limits,
     /// Caps on TCP/TLS connections that have not authenticated.
@@ -88,8 +88,8 @@ impl Dataplane {
             let cannot = |e: &dyn std::fmt::Display| {
                 io::Error::other(format!("cannot start shard {index}: {e}"))
             };
-            let thread = match config.engine {
-                IoEngine::Uring => glommio::LocalExecutorBuilder::new(match cpu {
+            let thread = match config.backend {
+                IoBackend::Uring => glommio::LocalExecutorBuilder::new(match cpu {
                     Some(cpu) => glommio::Placement::Fixed(cpu),
                     None => glommio::Placement::Unbound,
                 })
@@ -100,7 +100,7 @@ impl Dataplane {
                     .spawn(move || uring::run(shard))
                     .map(ShardThread::Uring)
                     .map_err(|e| cannot(&e))?,
-                IoEngine::Epoll => std::thread::Builder::new()
+                IoBackend::Epoll => std::thread::Builder::new()
                     .name(name)
                     .spawn(move || {
                         if let Some(cpu) = cpu {

@@ -1,6 +1,6 @@
 //! The IO shell: one shard per usable CPU, each a single-threaded event loop that owns its
 //! SO_REUSEPORT listener sockets, the allocations made on them, their relay sockets and a
-//! [`crate::proto::Engine`]. Two IO engines drive the same shard logic: glommio (io_uring)
+//! [`crate::proto::Engine`]. Two IO backends drive the same shard logic: glommio (io_uring)
 //! executors, or threads waiting in epoll where io_uring is blocked ([`probe`]). The config
 //! arrives as an arc-swap [`uturn_shared::snapshot::Snapshot`] that every shard reads through its own
 //! `arc_swap::Cache`; nothing is locked or shared per packet.
@@ -25,4 +25,4 @@ mod uring;
 
 pub use launch::{Dataplane, DataplaneConfig};
 pub use placement::{allowed_cpus, shard_placement, usable_cpus};
-pub use probe::{select as select_engine, EngineChoice, IoEngine};
+pub use probe::{select as select_backend, BackendChoice, IoBackend};

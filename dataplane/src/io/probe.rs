@@ -1,4 +1,4 @@
-//! Which IO engine can run here. io_uring is often blocked in containers (RuntimeDefault
+//! Which IO backend can run here. io_uring is often blocked in containers (RuntimeDefault
 //! seccomp profiles of containerd 2.x, Docker 25+ and CRI-O; the `kernel.io_uring_disabled`
 //! sysctl), and glommio also needs RLIMIT_MEMLOCK of at least 512 KiB.
 
@@ -6,20 +6,20 @@ use super::sys::{self, IO_URING_PROBE_HEADER, IO_URING_PROBE_OP};
 use std::fmt;
 use std::os::fd::OwnedFd;
 
-/// The IO engine that runs the shards.
+/// What waits for the shards' sockets (`--io-engine`; not the TURN engine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IoEngine {
+pub enum IoBackend {
     /// glommio executors over io_uring.
     Uring,
     /// Threads waiting in epoll.
     Epoll,
 }
 
-impl fmt::Display for IoEngine {
+impl fmt::Display for IoBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            IoEngine::Uring => "uring",
-            IoEngine::Epoll => "epoll",
+            IoBackend::Uring => "uring",
+            IoBackend::Epoll => "epoll",
         })
     }
 }
@@ -37,7 +37,7 @@ impl fmt::Display for Unavailable {
     }
 }
 
-/// Checks, once, what the io_uring engine needs: the sysctl, the memlock limit, a real ring
+/// Checks, once, what the io_uring backend needs: the sysctl, the memlock limit, a real ring
 /// (`io_uring_setup` with four entries, closed at once) and, through `io_uring_register`'s
 /// opcode probe, the operations the shards submit.
 pub fn probe_uring() -> Result<(), Unavailable> {
@@ -92,7 +92,7 @@ pub fn probe_uring() -> Result<(), Unavailable> {
 
 /// `--io-engine`: what the operator asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineChoice {
+pub enum BackendChoice {
     /// io_uring when it works here, else epoll.
     Auto,
     /// io_uring or an error.
@@ -101,17 +101,20 @@ pub enum EngineChoice {
     Epoll,
 }
 
-/// The engine to run for `choice`, and why (one line for the log), or why the forced io_uring
-/// engine cannot run.
-pub fn select(choice: EngineChoice) -> Result<(IoEngine, String), Unavailable> {
+/// The backend to run for `choice`, and why (one line for the log), or why the forced io_uring
+/// backend cannot run.
+pub fn select(choice: BackendChoice) -> Result<(IoBackend, String), Unavailable> {
     match choice {
-        EngineChoice::Epoll => Ok((IoEngine::Epoll, "--io-engine epoll".into())),
-        EngineChoice::Uring => {
-            probe_uring().map(|()| (IoEngine::Uring, "--io-engine uring".into()))
+        BackendChoice::Epoll => Ok((IoBackend::Epoll, "--io-engine epoll".into())),
+        BackendChoice::Uring => {
+            probe_uring().map(|()| (IoBackend::Uring, "--io-engine uring".into()))
         }
-        EngineChoice::Auto => Ok(match probe_uring() {
-            Ok(()) => (IoEngine::Uring, "io_uring is available".into()),
-            Err(why) => (IoEngine::Epoll, format!("io_uring is not available: {why}")),
+        BackendChoice::Auto => Ok(match probe_uring() {
+            Ok(()) => (IoBackend::Uring, "io_uring is available".into()),
+            Err(why) => (
+                IoBackend::Epoll,
+                format!("io_uring is not available: {why}"),
+            ),
         }),
     }
 }

@@ -1,5 +1,5 @@
-//! One shard's logic, whichever IO engine drives it: the listener and relay sockets it owns,
-//! the allocations made on them and a shard-local [`Engine`]. The engine ([`super::uring`] or
+//! One shard's logic, whichever IO backend drives it: the listener and relay sockets it owns,
+//! the allocations made on them and a shard-local [`Engine`]. The backend ([`super::uring`] or
 //! [`super::epoll`]) only waits: it tells the shard which socket is readable
 //! ([`Shard::readable`]), when to flush queued sends ([`Shard::flush`]) and when to tick
 //! ([`Shard::tick`]). The shard moves datagrams with batched, non-blocking syscalls
@@ -84,7 +84,7 @@ pub fn listener_sockets_on_shard(udp_thread_num: usize, shards: usize, index: us
     (0..total).filter(|j| j % shards.max(1) == index).count()
 }
 
-/// Which socket an engine reports readable.
+/// Which socket a backend reports readable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Token {
     /// Socket `n` of a listener.
@@ -135,7 +135,7 @@ pub(super) enum Interest {
     Stream,
 }
 
-/// What an IO engine provides: readiness reports for the sockets a shard opens.
+/// What an IO backend provides: readiness reports for the sockets a shard opens.
 pub(super) trait Driver {
     /// Keeps a watched socket reported. Dropping it stops the reports and closes the socket,
     /// except for streams on io_uring, whose fd lives until its task sees the shutdown the

@@ -87,7 +87,7 @@ pub(super) struct Conn<W> {
     pub admission: Option<super::admission::Place>,
     /// Whether the shard has it on its list of connections to flush.
     pub dirty: bool,
-    /// Whether the engine was asked to report it writable.
+    /// Whether the IO backend was asked to report it writable.
     pub want_write: bool,
 }
 

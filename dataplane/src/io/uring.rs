@@ -1,4 +1,4 @@
-//! The io_uring engine: one glommio executor per shard. Each socket has a task that waits for
+//! The io_uring backend: one glommio executor per shard. Each socket has a task that waits for
 //! it to become readable (a one-byte `MSG_PEEK` through the ring, which glommio first tries as
 //! a plain non-blocking call) and then lets the shard drain it with `recvmmsg`. TCP listeners
 //! accept through the ring and hand the shard each connection; a connection's task waits with
