@@ -55,7 +55,7 @@ impl Dataplane {
         let placement = shard_placement(shards, &allowed_cpus());
         // One ledger for all shards: a user's quota counts allocations on every shard.
         let ledger = Arc::new(crate::proto::AllocationLedger::new());
-        let groups = Arc::new(groups::ListenerGroups::new(shards));
+        let groups = Arc::new(groups::ListenerGroups::new(shards, config.udp_thread_num));
         let admission = Arc::new(admission::StreamAdmission::new(config.stream_limits));
         for (index, &cpu) in placement.iter().enumerate() {
             match cpu {
@@ -69,8 +69,6 @@ impl Dataplane {
             }
             let shard = shard::ShardSetup {
                 index,
-                shards,
-                udp_thread_num: config.udp_thread_num,
                 snapshot: config.snapshot.clone(),
                 engine: crate::proto::EngineConfig {
                     epoch,

@@ -66,8 +66,6 @@ const SCRATCH: usize = 64 << 10;
 
 pub(super) struct ShardSetup {
     pub index: usize,
-    pub shards: usize,
-    pub udp_thread_num: usize,
     pub snapshot: Arc<ArcSwap<Snapshot>>,
     pub engine: EngineConfig,
     pub stop: Arc<AtomicBool>,
@@ -76,12 +74,6 @@ pub(super) struct ShardSetup {
     pub groups: Arc<super::groups::ListenerGroups>,
     /// Places for unauthenticated TCP/TLS connections, shared by all shards.
     pub admission: Arc<StreamAdmission>,
-}
-
-/// How many of a TURN-UDP listener's `udp_thread_num` sockets shard `index` of `shards` opens.
-pub fn listener_sockets_on_shard(udp_thread_num: usize, shards: usize, index: usize) -> usize {
-    let total = udp_thread_num.max(1);
-    (0..total).filter(|j| j % shards.max(1) == index).count()
 }
 
 /// Which socket a backend reports readable.
@@ -1328,8 +1320,7 @@ impl<D: Driver> Shard<D> {
                 self.index
             );
         }
-        let datagram_sockets =
-            listener_sockets_on_shard(setup.udp_thread_num, setup.shards, setup.index);
+        let datagram_sockets = setup.groups.share(setup.index);
         for spec in desired {
             if self.listeners.iter().any(|l| l.spec == *spec) {
                 continue;
@@ -1361,12 +1352,10 @@ impl<D: Driver> Shard<D> {
             } else {
                 // Every shard's sockets at once, so the SO_REUSEPORT group is whole before a
                 // client is hashed over it (see `groups`).
-                match setup.groups.take(
-                    setup.index,
-                    spec,
-                    |shard| listener_sockets_on_shard(setup.udp_thread_num, setup.shards, shard),
-                    || listener_socket(spec.port),
-                ) {
+                match setup
+                    .groups
+                    .take(setup.index, spec, || listener_socket(spec.port))
+                {
                     Take::Sockets(opened) => opened,
                     Take::Wait => {
                         complete = false;
