@@ -1280,15 +1280,7 @@ impl<D: Driver> Shard<D> {
         let desired: Vec<&ListenerSpec> = snap
             .listeners
             .iter()
-            .filter(|l| {
-                matches!(
-                    l.protocol,
-                    ListenerProtocol::TurnUdp
-                        | ListenerProtocol::TurnTcp
-                        | ListenerProtocol::TurnTls
-                        | ListenerProtocol::TurnDtls
-                )
-            })
+            .filter(|l| l.protocol.is_turn())
             .collect();
         let removed: Vec<(ListenerId, ListenerSpec, bool)> = self
             .listeners

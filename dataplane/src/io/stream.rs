@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use uturn_shared::framing::{frame_len, padded, FrameError, MAX_FRAME};
 
 use super::sys;
+use super::tls::HANDSHAKE_TIMEOUT;
 use crate::proto::ListenerId;
 
 /// Bytes read from the socket per `recv`.
@@ -32,8 +33,6 @@ pub(super) const SEND_CAPACITY: usize = SEND_LIMIT + MAX_FRAME + TLS_OVERHEAD + 
 /// A send buffer that empties keeps at most this much capacity, so a burst does not hold
 /// memory for the connection's whole life.
 const IDLE_CAPACITY: usize = 16 << 10;
-/// A TLS handshake must finish within this (as stunnerd).
-pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a connection ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
