@@ -3,7 +3,8 @@
 //! batched syscalls as the io_uring backend. Datagrams queued for clients during one wakeup go
 //! out together, one `sendmmsg` per listener socket.
 
-use super::shard::{Driver, Interest, Readiness, Shard, ShardSetup, Token, TICK};
+use super::driver::{Driver, Interest, Readiness, Token, Watched, TICK};
+use super::shard::{Shard, ShardSetup};
 use super::sys::EpollFd;
 use socket2::Socket;
 use std::io;
@@ -27,10 +28,10 @@ impl Driver for Epoll {
         socket: Socket,
         token: Token,
         _interest: Interest,
-    ) -> io::Result<(RawFd, Socket)> {
+    ) -> io::Result<Watched<Socket>> {
         let fd = socket.as_raw_fd();
         self.control(libc::EPOLL_CTL_ADD, fd, token, libc::EPOLLIN as u32)?;
-        Ok((fd, socket))
+        Ok(Watched { fd, watch: socket })
     }
 
     fn want_writable(&self, fd: RawFd, token: Token, on: bool) {

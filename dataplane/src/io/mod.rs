@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod batch;
 pub mod check;
+mod driver;
 mod dtls;
 mod epoll;
 mod groups;

@@ -11,6 +11,7 @@ use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 use uturn_shared::framing::{frame_len, padded, FrameError, MAX_FRAME};
 
+use super::driver::Watched;
 use super::sys;
 use super::tls::HANDSHAKE_TIMEOUT;
 use crate::proto::ListenerId;
@@ -92,8 +93,7 @@ pub(super) struct Conn<W> {
 
 impl<W> Conn<W> {
     pub fn new(
-        fd: RawFd,
-        watch: W,
+        watched: Watched<W>,
         generation: u16,
         listener: ListenerId,
         metric: usize,
@@ -102,8 +102,8 @@ impl<W> Conn<W> {
     ) -> Conn<W> {
         let now = Instant::now();
         Conn {
-            fd,
-            _watch: watch,
+            fd: watched.fd,
+            _watch: watched.watch,
             generation,
             listener,
             metric,

@@ -4,7 +4,8 @@
 //! accept through the ring and hand the shard each connection; a connection's task waits with
 //! a one-byte peek (which also sees end of stream) and lets the shard read it.
 
-use super::shard::{Driver, Interest, Readiness, Shard, ShardSetup, Token, TICK};
+use super::driver::{Driver, Interest, Readiness, Token, Watched, TICK};
+use super::shard::{Shard, ShardSetup};
 use super::sys;
 use crate::proto::ListenerId;
 use glommio::net::{TcpListener, TcpStream, UdpSocket};
@@ -37,29 +38,27 @@ impl Driver for Uring {
         socket: Socket,
         token: Token,
         interest: Interest,
-    ) -> io::Result<(RawFd, Watch)> {
+    ) -> io::Result<Watched<Watch>> {
         let fd = socket.as_raw_fd();
         let shard = self.shard.clone();
         // SAFETY (all three): the fd comes from a socket we own and hand over; glommio closes
         // it when its task ends or is dropped.
-        Ok(match (interest, token) {
-            (Interest::Accept, Token::Listener(id, _)) => {
+        let watch = match (interest, token) {
+            (Interest::Accept, Token::Listener { id, .. }) => {
                 let listener = unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) };
-                (
-                    fd,
-                    Watch::Task(spawn_local(accept(shard, listener, fd, id))),
-                )
+                Watch::Task(spawn_local(accept(shard, listener, fd, id)))
             }
             (Interest::Stream, _) => {
                 let stream = unsafe { TcpStream::from_raw_fd(socket.into_raw_fd()) };
                 spawn_local(watch_stream(shard, stream, token)).detach();
-                (fd, Watch::Detached)
+                Watch::Detached
             }
             _ => {
                 let socket = unsafe { UdpSocket::from_raw_fd(socket.into_raw_fd()) };
-                (fd, Watch::Task(spawn_local(watch(shard, socket, token))))
+                Watch::Task(spawn_local(watch(shard, socket, token)))
             }
-        })
+        };
+        Ok(Watched { fd, watch })
     }
 
     fn want_writable(&self, _fd: RawFd, token: Token, on: bool) {
