@@ -93,12 +93,15 @@ async fn lock(shard: &RefCell<Shard<Uring>>) -> std::cell::RefMut<'_, Shard<Urin
         if let Ok(s) = shard.try_borrow_mut() {
             return s;
         }
-        YieldNow(false).await;
+        YieldNow { yielded: false }.await;
     }
 }
 
 /// Lets every other ready task run once.
-struct YieldNow(bool);
+struct YieldNow {
+    /// Whether it has already let the others run (then it is done).
+    yielded: bool,
+}
 
 impl std::future::Future for YieldNow {
     type Output = ();
@@ -107,10 +110,10 @@ impl std::future::Future for YieldNow {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<()> {
-        if self.0 {
+        if self.yielded {
             return std::task::Poll::Ready(());
         }
-        self.0 = true;
+        self.yielded = true;
         cx.waker().wake_by_ref();
         std::task::Poll::Pending
     }
