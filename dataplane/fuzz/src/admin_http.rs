@@ -1,5 +1,5 @@
 //! `admin_http`: the request handling of the health-check, status and metrics servers
-//! (`control/src/http.rs`, compiled here on its own so the instrumented build carries no tokio
+//! (`control/src/admin/routes.rs`, compiled here on its own so the instrumented build carries no tokio
 //! or kube): finding the request head, taking its path, routing it, writing the answer.
 //!
 //! Input: `[flags: u8][chunk sizes: u8 × 4][request bytes]`. Flags bit 0: whether `/ready` is
@@ -12,7 +12,7 @@
 //! unready `/ready`), and its rendering parses back with a `Content-Length` equal to the body.
 
 #[allow(dead_code)]
-#[path = "../../../control/src/http.rs"]
+#[path = "../../../control/src/admin/routes.rs"]
 mod http;
 
 use crate::input::Input;

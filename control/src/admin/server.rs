@@ -1,42 +1,22 @@
-//! The admin HTTP servers: health checks at `admin.healthcheck_endpoint` (`/live`, `/ready`,
-//! `/status`, byte for byte as stunnerd answers them, stunnerd.md §5: paths match exactly and
-//! accept any method, anything else is a 404) and Prometheus metrics at
-//! `admin.metrics_endpoint`. One small HTTP/1.1 responder ([`crate::http`]) serves both; every
-//! answer closes the connection.
+//! The admin servers' sockets: a dual-stack bind for wildcard endpoints, and the accept loop
+//! that answers each request with what the handler makes of its path ([`super::routes`]).
 
-use crate::http::{parse_request, render_response, Request};
+use super::routes::{parse_request, render_response, Answer, Request};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-pub use crate::http::{not_found, Answer, PROMETHEUS};
-
-/// What the health server reports; filled in by the control loop.
-pub trait HealthSource: Send + Sync {
-    /// Whether `/ready` answers 200.
-    fn ready(&self) -> bool;
-    /// The `/status` body.
-    fn status_json(&self) -> String;
-}
-
 /// Maps a request path (query stripped) to its answer.
-pub type Handler = Arc<dyn Fn(&[u8]) -> Answer + Send + Sync>;
-
-/// The health-check routes over `source`.
-pub fn health_handler(source: Arc<dyn HealthSource>) -> Handler {
-    Arc::new(move |path| {
-        crate::http::health_route(path, || source.ready(), || source.status_json())
-    })
-}
+pub(crate) type Handler = Arc<dyn Fn(&[u8]) -> Answer + Send + Sync>;
 
 /// Opens the listening socket of an admin server on `addr`. A wildcard address (an empty host,
 /// `0.0.0.0` or `[::]`) listens dual-stack on `[::]` with IPV6_V6ONLY off, as Go's
 /// `net.Listen("tcp", ":8086")` does in stunnerd, so that kubelet probes reach it on IPv4-only,
 /// dual-stack and IPv6-only clusters alike; where the host has no IPv6 it falls back to
 /// `0.0.0.0`. Returns the socket and the address it is bound to.
-pub fn bind(addr: SocketAddr) -> std::io::Result<(std::net::TcpListener, SocketAddr)> {
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<(std::net::TcpListener, SocketAddr)> {
     if addr.ip().is_unspecified() {
         let any6 = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), addr.port());
         match bind_socket(any6, Some(false)) {
@@ -73,7 +53,7 @@ fn bind_socket(addr: SocketAddr, only_v6: Option<bool>) -> std::io::Result<std::
 }
 
 /// Serves `handler` on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, handler: Handler) {
+pub(crate) async fn serve(listener: TcpListener, handler: Handler) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;

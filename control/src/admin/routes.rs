@@ -1,5 +1,5 @@
 //! The admin servers' HTTP/1.1 subset, without IO: find the request head in what a client sent
-//! so far, take its path, route it, and write the answer. [`crate::health`] owns the sockets.
+//! so far, take its path, route it, and write the answer. [`super::server`] owns the sockets.
 //!
 //! Kept free of any dependency (the fuzz targets compile this file on its own).
 
