@@ -84,7 +84,7 @@ impl AdminServers {
         self.health.commit(move |_path| health_handler(health));
         let metrics = metrics.clone();
         self.metrics
-            .commit(move |path| metrics_handler(path.into_bytes(), metrics));
+            .commit(move |path| metrics_handler(path, metrics));
     }
 
     /// Drops what `prepare` bound, restoring a server it stopped.
@@ -100,15 +100,14 @@ fn health_handler(source: Arc<dyn HealthSource>) -> Handler {
 }
 
 /// The metrics page at `metrics_path`: the dataplane's metrics, then the process's.
-fn metrics_handler(metrics_path: Vec<u8>, dataplane: MetricsSource) -> Handler {
-    Arc::new(move |request: &[u8]| {
-        if request != metrics_path.as_slice() {
-            return routes::not_found();
-        }
-        let mut body = String::with_capacity(4096);
-        dataplane(&mut body);
-        process_metrics::render(&mut body);
-        (200, routes::PROMETHEUS, body)
+fn metrics_handler(metrics_path: String, dataplane: MetricsSource) -> Handler {
+    Arc::new(move |path| {
+        routes::metrics_route(path, &metrics_path, || {
+            let mut body = String::with_capacity(4096);
+            dataplane(&mut body);
+            process_metrics::render(&mut body);
+            body
+        })
     })
 }
 

@@ -1,93 +1,77 @@
-//! The admin servers' HTTP/1.1 subset, without IO: find the request head in what a client sent
-//! so far, take its path, route it, and write the answer. [`super::server`] owns the sockets.
+//! What the admin servers answer for a request path, without IO: the health-check routes
+//! (stunnerd.md §5) and the metrics page. hyper parses the request ([`super::server`]); the
+//! path it hands over has no query.
 //!
-//! Kept free of any dependency (the fuzz targets compile this file on its own).
+//! Kept free of any dependency (the `admin_http` fuzz target compiles this file on its own).
 
 /// An answer: status code, content type and body.
-pub type Answer = (u16, &'static str, String);
-
-/// The content type of a JSON answer.
-pub const JSON: &str = "application/json; charset=utf-8";
-/// The content type of a plain-text answer.
-pub const TEXT: &str = "text/plain; charset=utf-8";
-/// The content type of the Prometheus text exposition format.
-pub const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
-/// The largest request head a client may send; a longer one closes the connection unanswered.
-pub const MAX_REQUEST: usize = 8 << 10;
-
-/// What the bytes received so far are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Request<'a> {
-    /// No end of the head (`\r\n\r\n`) yet: read more.
-    Incomplete,
-    /// The head did not end within [`MAX_REQUEST`] bytes: close without answering.
-    TooLarge,
-    /// A complete head; `path` is the request target without its query: empty, or a range of
-    /// the input.
-    Complete {
-        /// The path (may be empty or anything the client wrote: routing decides).
-        path: &'a [u8],
-    },
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Answer {
+    /// The HTTP status code.
+    pub(crate) status: u16,
+    /// The `Content-Type` header.
+    pub(crate) content_type: &'static str,
+    /// The body.
+    pub(crate) body: String,
 }
 
-/// Looks at the first bytes a client sent (everything received so far).
-pub fn parse_request(received: &[u8]) -> Request<'_> {
-    let window = &received[..received.len().min(MAX_REQUEST)];
-    let Some(end) = window.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return if received.len() >= MAX_REQUEST {
-            Request::TooLarge
-        } else {
-            Request::Incomplete
-        };
-    };
-    let head = &window[..end];
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let target = line.split(|&b| b == b' ').nth(1).unwrap_or_default();
-    let path = target.split(|&b| b == b'?').next().unwrap_or_default();
-    Request::Complete { path }
+/// The content type of a JSON answer.
+pub(crate) const JSON: &str = "application/json; charset=utf-8";
+/// The content type of a plain-text answer.
+pub(crate) const TEXT: &str = "text/plain; charset=utf-8";
+/// The content type of the Prometheus text exposition format.
+pub(crate) const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The body of the 404 stunnerd (Go's mux) answers.
+pub(crate) const NOT_FOUND_BODY: &str = "404 page not found\n";
+/// The body of `/live`.
+pub(crate) const LIVE_BODY: &str = "{}\n";
+/// The body of `/ready` when ready.
+pub(crate) const READY_BODY: &str = "{\"status\":200,\"message\":\"READY\"}\n";
+/// The body of `/ready` when not ready.
+pub(crate) const NOT_READY_BODY: &str = "{\"status\":503,\"message\":\"stunnerd not ready\"}\n";
+
+impl Answer {
+    fn new(status: u16, content_type: &'static str, body: impl Into<String>) -> Answer {
+        Answer {
+            status,
+            content_type,
+            body: body.into(),
+        }
+    }
 }
 
 /// The 404 stunnerd (Go's mux) answers.
-pub fn not_found() -> Answer {
-    (404, TEXT, "404 page not found\n".to_string())
+pub(crate) fn not_found() -> Answer {
+    Answer::new(404, TEXT, NOT_FOUND_BODY)
 }
 
 /// The health-check routes (stunnerd.md §5): paths match exactly, any method.
-pub fn health_route(
-    path: &[u8],
+pub(crate) fn health_route(
+    path: &str,
     ready: impl FnOnce() -> bool,
     status: impl FnOnce() -> String,
 ) -> Answer {
     match path {
-        b"/live" => (200, JSON, "{}\n".to_string()),
-        b"/ready" if ready() => (
-            200,
-            JSON,
-            "{\"status\":200,\"message\":\"READY\"}\n".to_string(),
-        ),
-        b"/ready" => (
-            503,
-            JSON,
-            "{\"status\":503,\"message\":\"stunnerd not ready\"}\n".to_string(),
-        ),
-        b"/status" => (200, JSON, status() + "\n"),
+        "/live" => Answer::new(200, JSON, LIVE_BODY),
+        "/ready" if ready() => Answer::new(200, JSON, READY_BODY),
+        "/ready" => Answer::new(503, JSON, NOT_READY_BODY),
+        "/status" => Answer::new(200, JSON, status() + "\n"),
         _ => not_found(),
     }
 }
 
-/// The bytes of `answer` as an HTTP/1.1 response that closes the connection.
-pub fn render_response(answer: &Answer) -> Vec<u8> {
-    let (status, content_type, body) = answer;
-    let reason = match status {
-        200 => "OK",
-        503 => "Service Unavailable",
-        _ => "Not Found",
-    };
-    format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
+/// The metrics page: `render` at exactly `metrics_path`, any method; a 404 elsewhere.
+pub(crate) fn metrics_route(
+    path: &str,
+    metrics_path: &str,
+    render: impl FnOnce() -> String,
+) -> Answer {
+    if path == metrics_path {
+        Answer::new(200, PROMETHEUS, render())
+    } else {
+        not_found()
+    }
 }
 
 #[cfg(test)]
@@ -95,23 +79,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn requests_are_taken_apart_like_before() {
+    fn paths_route_exactly() {
+        assert_eq!(health_route("/ready", || false, String::new).status, 503);
         assert_eq!(
-            parse_request(b"GET /ready HTTP/1.1\r\n"),
-            Request::Incomplete
+            health_route("/ready", || true, String::new).body,
+            READY_BODY
+        );
+        assert_eq!(health_route("/live/", || true, String::new).status, 404);
+        assert_eq!(
+            health_route("/status", || true, || "{}".into()).body,
+            "{}\n"
         );
         assert_eq!(
-            parse_request(b"GET /ready?x=1 HTTP/1.1\r\nHost: a\r\n\r\n"),
-            Request::Complete { path: b"/ready" }
+            metrics_route("/metrics", "/metrics", String::new).status,
+            200
         );
-        assert_eq!(parse_request(b"\r\n\r\n"), Request::Complete { path: b"" });
-        let mut long = b"GET /".to_vec();
-        long.resize(MAX_REQUEST, b'a');
-        assert_eq!(parse_request(&long), Request::TooLarge);
-        long.truncate(MAX_REQUEST - 4);
-        long.extend_from_slice(b"\r\n\r\n");
-        assert!(matches!(parse_request(&long), Request::Complete { .. }));
-        assert_eq!(health_route(b"/ready", || false, String::new).0, 503);
-        assert_eq!(health_route(b"/live/", || true, String::new).0, 404);
+        assert_eq!(metrics_route("/", "/metrics", String::new), not_found());
     }
 }
