@@ -148,8 +148,10 @@ struct RunningServer {
 /// the config that names it is committed, so a port that cannot be opened rejects the config
 /// and leaves the running server as it was.
 struct AdminServer {
-    what: &'static str,
-    field: &'static str,
+    /// What the logs call it: `health-check` or `metrics`.
+    name: &'static str,
+    /// The config field that names its endpoint.
+    config_field: &'static str,
     default_port: u16,
     /// The endpoint the running server (if any) serves.
     endpoint: String,
@@ -161,10 +163,10 @@ struct AdminServer {
 }
 
 impl AdminServer {
-    fn new(what: &'static str, field: &'static str, default_port: u16) -> AdminServer {
+    fn new(name: &'static str, config_field: &'static str, default_port: u16) -> AdminServer {
         AdminServer {
-            what,
-            field,
+            name,
+            config_field,
             default_port,
             endpoint: String::new(),
             running: None,
@@ -181,7 +183,7 @@ impl AdminServer {
             });
         }
         let parsed = parse_http_endpoint(endpoint, self.default_port)
-            .map_err(|e| format!("{} {endpoint:?}: {e}", self.field))?;
+            .map_err(|e| format!("{} {endpoint:?}: {e}", self.config_field))?;
         let socket =
             bind_endpoint(parsed).map_err(|(addr, e)| self.cannot_listen(endpoint, addr, &e))?;
         Ok(Bound {
@@ -194,7 +196,7 @@ impl AdminServer {
         format!(
             "{} {endpoint:?}: the {} server cannot listen on {addr}: {e}; set it to a free \
              address and port, or \"\" to disable the {} server",
-            self.field, self.what, self.what
+            self.config_field, self.name, self.name
         )
     }
 
@@ -259,12 +261,12 @@ impl AdminServer {
         };
         match tokio::net::TcpListener::from_std(listener) {
             Ok(listener) => {
-                tracing::info!(target: "stunnerd", "{} server listening on http://{local_addr}{}", self.what, endpoint.path);
+                tracing::info!(target: "stunnerd", "{} server listening on http://{local_addr}{}", self.name, endpoint.path);
                 let task = tokio::spawn(server::serve(listener, handler(endpoint.path.clone())));
                 self.running = Some(RunningServer { endpoint, task });
             }
             Err(e) => {
-                tracing::error!(target: "stunnerd", "{} server on {local_addr} not started: {e}", self.what);
+                tracing::error!(target: "stunnerd", "{} server on {local_addr} not started: {e}", self.name);
             }
         }
     }
@@ -283,7 +285,7 @@ impl AdminServer {
                 }
                 Err((_, e)) => tracing::error!(
                     target: "stunnerd",
-                    "the {} server could not reopen {addr}: {e}", self.what
+                    "the {} server could not reopen {addr}: {e}", self.name
                 ),
             }
         }

@@ -231,7 +231,7 @@ pub async fn watch_service(
     options: KubeOptions,
     updates: Outbox<ServiceUpdate>,
 ) {
-    let key = ServiceWatch {
+    let watched = ServiceWatch {
         key: format!("{namespace}/{name}"),
         watch,
     };
@@ -239,9 +239,9 @@ pub async fn watch_service(
         match client(&options).await {
             Ok(client) => break client,
             Err(e) => {
-                tracing::error!(target: "k8s", "cannot watch Service {key}: {e}; retrying in 5s");
+                tracing::error!(target: "k8s", "cannot watch Service {watched}: {e}; retrying in 5s");
                 let failed = ServiceUpdate {
-                    service: key.clone(),
+                    service: watched.clone(),
                     change: ServiceChange::Api(Some(e)),
                 };
                 if updates.send(failed).is_err() {
@@ -252,14 +252,14 @@ pub async fn watch_service(
         }
     };
     tokio::join!(
-        watch_slices(client.clone(), &namespace, &name, &key, &updates),
-        watch_cluster_ips(client, &namespace, &name, &key, &updates)
+        watch_slices(client.clone(), &namespace, &name, &watched, &updates),
+        watch_cluster_ips(client, &namespace, &name, &watched, &updates)
     );
 }
 
 /// Tracks whether the API server answers, logging each transition once.
 struct ApiHealth<'a> {
-    key: &'a ServiceWatch,
+    watched: &'a ServiceWatch,
     what: &'static str,
     failing: bool,
 }
@@ -268,9 +268,9 @@ impl ApiHealth<'_> {
     fn ok(&mut self, updates: &Outbox<ServiceUpdate>) {
         if self.failing {
             self.failing = false;
-            tracing::info!(target: "k8s", "Kubernetes API reachable again: watching {} of Service {}", self.what, self.key);
+            tracing::info!(target: "k8s", "Kubernetes API reachable again: watching {} of Service {}", self.what, self.watched);
             let _ = updates.send(ServiceUpdate {
-                service: self.key.clone(),
+                service: self.watched.clone(),
                 change: ServiceChange::Api(None),
             });
         }
@@ -283,11 +283,11 @@ impl ApiHealth<'_> {
                 target: "k8s",
                 "Kubernetes API unreachable while watching {} of Service {}: {error}; keeping its last known endpoints",
                 self.what,
-                self.key
+                self.watched
             );
         }
         let _ = updates.send(ServiceUpdate {
-            service: self.key.clone(),
+            service: self.watched.clone(),
             change: ServiceChange::Api(Some(error.to_string())),
         });
     }
@@ -298,7 +298,7 @@ impl ApiHealth<'_> {
 async fn follow<K>(
     api: Api<K>,
     config: watcher::Config,
-    key: &ServiceWatch,
+    watched: &ServiceWatch,
     what: &'static str,
     updates: &Outbox<ServiceUpdate>,
     mut translate: impl FnMut(watcher::Event<K>) -> Option<ServiceChange>,
@@ -307,7 +307,7 @@ async fn follow<K>(
 {
     let mut stream = std::pin::pin!(watcher(api, config).default_backoff());
     let mut health = ApiHealth {
-        key,
+        watched,
         what,
         failing: false,
     };
@@ -317,7 +317,7 @@ async fn follow<K>(
                 health.ok(updates);
                 if let Some(change) = translate(event) {
                     let update = ServiceUpdate {
-                        service: key.clone(),
+                        service: watched.clone(),
                         change,
                     };
                     if updates.send(update).is_err() {
@@ -334,7 +334,7 @@ async fn watch_slices(
     client: Client,
     namespace: &str,
     name: &str,
-    key: &ServiceWatch,
+    watched: &ServiceWatch,
     updates: &Outbox<ServiceUpdate>,
 ) {
     let api: Api<EndpointSlice> = Api::namespaced(client, namespace);
@@ -345,7 +345,7 @@ async fn watch_slices(
     follow(
         api,
         config,
-        key,
+        watched,
         "EndpointSlices",
         updates,
         |event| match event {
@@ -374,13 +374,13 @@ async fn watch_cluster_ips(
     client: Client,
     namespace: &str,
     name: &str,
-    key: &ServiceWatch,
+    watched: &ServiceWatch,
     updates: &Outbox<ServiceUpdate>,
 ) {
     let api: Api<Service> = Api::namespaced(client, namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut relist: Option<Vec<IpAddr>> = None;
-    follow(api, config, key, "the Service", updates, |event| {
+    follow(api, config, watched, "the Service", updates, |event| {
         let ips = match event {
             watcher::Event::Init => {
                 relist = Some(Vec::new());
