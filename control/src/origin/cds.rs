@@ -7,6 +7,7 @@ use super::cds_message::{parse_message, CdsMessage};
 use crate::outbox::Outbox;
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Empty};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use std::time::Duration;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -95,16 +96,16 @@ impl CdsTarget {
     }
 }
 
+/// What a query value keeps unescaped: RFC 3986's unreserved characters, as stunnerd's Go
+/// client (`url.Values.Encode`) does for a node name.
+const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 fn encode_query(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    utf8_percent_encode(value, QUERY_VALUE).to_string()
 }
 
 /// One HTTP GET of the gateway's config; exactly one valid config is expected.
@@ -252,6 +253,11 @@ mod tests {
         let t = CdsTarget::new("ws://cds.stunner-system:9000/x", "a/b", None).unwrap();
         assert_eq!(t.authority, "cds.stunner-system:9000");
         assert_eq!(t.path(true), "/api/v1/configs/a/b?watch=true");
+        let t = CdsTarget::new("http://a", "a/b", Some("node 1/é~x")).unwrap();
+        assert_eq!(
+            t.path(false),
+            "/api/v1/configs/a/b?node=node%201%2F%C3%A9~x"
+        );
         let t = CdsTarget::new("http://stunner-cds", "a/b", Some("")).unwrap();
         assert_eq!(t.authority, "stunner-cds:13478");
         assert!(CdsTarget::new("https://x:1", "a/b", None)
