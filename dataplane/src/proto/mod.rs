@@ -11,6 +11,8 @@
 //!    [`Engine::handle_peer`].
 //! 3. When [`Engine::poll_timeout`] passes, call [`Engine::handle_timeout`].
 //! 4. After any call, drain [`Engine::poll_close`] and close those relay sockets.
+// Wire input reaches every line of this module: memory safety is the compiler's to prove.
+#![forbid(unsafe_code)]
 
 pub mod limits;
 mod nonce;
