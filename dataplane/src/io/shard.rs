@@ -1119,7 +1119,7 @@ impl<D: Driver> Shard<D> {
                         if let Some(suppressed) = resource_log.allow(now) {
                             tracing::warn!(target: "stunner", "cannot allocate relay socket: {e}{suppressed}");
                         }
-                        Err(())
+                        Err(crate::proto::RelayBindError::from(&e))
                     }
                 };
                 let reply = engine.complete_allocate(now, request.relay, port, out);

@@ -14,6 +14,7 @@
 // Wire input reaches every line of this module: memory safety is the compiler's to prove.
 #![forbid(unsafe_code)]
 
+mod error;
 pub mod limits;
 mod nonce;
 pub mod ratelimit;
@@ -22,6 +23,7 @@ mod wire;
 pub use limits::{AllocationLedger, Limits};
 pub use nonce::{NonceCheck, NonceIssuer, NONCE_LIFETIME_SECS};
 
+use error::{Challenge, RequestError};
 use foldhash::fast::RandomState;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -45,7 +47,7 @@ use turn_types::attribute::{
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, REFRESH, SEND};
 use turn_types::AddressFamily;
 use uturn_shared::snapshot::{canonical_ip, ClusterId, ListenerSpec, Snapshot};
-use wire::{ErrorReply, ResponseWriter};
+use wire::ResponseWriter;
 
 /// Allocation lifetime when none (or 3600 s or more) is requested, as pion/stunnerd.
 pub const DEFAULT_ALLOCATION_LIFETIME: Duration = Duration::from_secs(600);
@@ -120,6 +122,20 @@ pub struct RelayRequest {
     pub even_port: bool,
     /// RFC 8656 DONT-FRAGMENT: set DF on relayed IPv4 datagrams.
     pub dont_fragment: bool,
+}
+
+/// Why the shell could not bind (or watch) the relay socket an Allocate asked for; the client
+/// gets 508 whatever the cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayBindError {
+    /// The kind of the OS error (EMFILE and ENFILE, out of descriptors, are the usual ones).
+    pub kind: std::io::ErrorKind,
+}
+
+impl From<&std::io::Error> for RelayBindError {
+    fn from(error: &std::io::Error) -> Self {
+        RelayBindError { kind: error.kind() }
+    }
 }
 
 /// An IP address family.
@@ -487,12 +503,12 @@ impl Engine {
         if ![ALLOCATE, REFRESH, CREATE_PERMISSION, CHANNEL_BIND].contains(&method) {
             // Unknown requests (and RFC 6062 Connect on UDP) get 400, never silence that could
             // be mistaken for loss.
-            return self.reply_unauthenticated(msg, ErrorReply::new(400, "Bad Request"), out);
+            return self.reply_unauthenticated(msg, RequestError::UnknownMethod, out);
         }
         // RFC 8489 §6.3.1: unknown comprehension-required attributes → 420.
         let unknown = wire::unknown_required_attributes(msg);
         if !unknown.is_empty() {
-            return self.reply_unauthenticated(msg, ErrorReply::unknown_attributes(unknown), out);
+            return self.reply_unauthenticated(msg, RequestError::UnknownAttributes(unknown), out);
         }
         let key = ClientKey {
             listener: listener.id,
@@ -517,9 +533,9 @@ impl Engine {
         }
         let authed = match self.authenticate(now, snap, from, msg) {
             Ok(authed) => authed,
-            Err(reply) => {
-                let challenge = matches!(reply.code, 401 | 438);
-                let action = self.reply_unauthenticated(msg, reply, out);
+            Err(error) => {
+                let challenge = error.challenge().is_some();
+                let action = self.reply_unauthenticated(msg, error, out);
                 // Challenges are the one reply an unauthenticated source gets larger than its
                 // request: budget them per source IP. On UDP the source may be spoofed (a
                 // reflection); on TCP, TLS and DTLS it is not, but a client that pipelines
@@ -540,7 +556,7 @@ impl Engine {
                 // RFC 8656 §7.2 step 2: 5-tuple already in use.
                 return self.reply_error(
                     msg,
-                    ErrorReply::new(437, "Allocation Mismatch"),
+                    RequestError::AllocationExists,
                     Some(&authed.integrity),
                     out,
                 );
@@ -551,7 +567,7 @@ impl Engine {
         let Some(slot) = existing else {
             return self.reply_error(
                 msg,
-                ErrorReply::new(437, "Allocation Mismatch"),
+                RequestError::NoAllocation,
                 Some(&authed.integrity),
                 out,
             );
@@ -561,7 +577,7 @@ impl Engine {
             .as_ref()
             .is_none_or(|a| a.username != authed.username)
         {
-            return self.reply_error(msg, ErrorReply::new(441, "Wrong Credentials"), None, out);
+            return self.reply_error(msg, RequestError::WrongCredentials, None, out);
         }
         let result = match method {
             REFRESH => self.handle_refresh(now, slot, msg),
@@ -579,18 +595,18 @@ impl Engine {
                     None => ClientAction::Drop(self.dropped(DropReason::Internal)),
                 }
             }
-            Err(reply) => self.reply_error(msg, reply, Some(&authed.integrity), out),
+            Err(error) => self.reply_error(msg, error, Some(&authed.integrity), out),
         }
     }
 
     fn reply_error(
         &mut self,
         msg: &Message<'_>,
-        reply: ErrorReply,
+        error: RequestError,
         integrity: Option<&IntegrityKey>,
         out: &mut [u8],
     ) -> ClientAction {
-        match wire::error_response(msg, &reply, integrity, out) {
+        match wire::error_response(msg, &error, error.reason(), integrity, out) {
             Some(n) => ClientAction::Reply(n),
             None => ClientAction::Drop(self.dropped(DropReason::Internal)),
         }
@@ -602,24 +618,22 @@ impl Engine {
     fn reply_unauthenticated(
         &mut self,
         msg: &Message<'_>,
-        reply: ErrorReply,
+        error: RequestError,
         out: &mut [u8],
     ) -> ClientAction {
         let budget = AMPLIFICATION_FACTOR * msg.as_bytes().len();
-        let n = match wire::error_response(msg, &reply, None, out) {
-            Some(n) if n > budget => wire::error_response(msg, &reply.without_reason(), None, out),
+        let n = match wire::error_response(msg, &error, error.reason(), None, out) {
+            Some(n) if n > budget => wire::error_response(msg, &error, "", None, out),
             written => written,
         };
         let Some(n) = n else {
             return ClientAction::Drop(self.dropped(DropReason::Internal));
         };
         let action = self.within_amplification_bound(msg, n);
-        // The first 401 (no credentials yet) and 438 are the normal challenge; a 401 to a
-        // request that carried MESSAGE-INTEGRITY means its credentials were refused.
-        if reply.code == 401
+        // The first 401 (no credentials yet) and 438 are the normal challenge; only a 401 to a
+        // request whose MESSAGE-INTEGRITY was checked counts as refused credentials.
+        if matches!(error, RequestError::CredentialsRefused(_))
             && matches!(action, ClientAction::Reply(_))
-            && (msg.has_attribute(MessageIntegrity::TYPE)
-                || msg.has_attribute(MessageIntegritySha256::TYPE))
         {
             self.stats.auth_failures += 1;
         }
@@ -636,14 +650,12 @@ impl Engine {
         }
     }
 
-    fn challenge(&self, now: Instant, snap: &Snapshot, from: SocketAddr, code: u16) -> ErrorReply {
-        let nonce = self.nonces.issue(self.unix_now(now), from);
-        let reason = if code == 438 {
-            "Stale Nonce"
-        } else {
-            "Unauthorized"
-        };
-        ErrorReply::new(code, reason).with_challenge(snap.auth.realm(), &nonce)
+    /// The realm and a fresh nonce for `from`.
+    fn challenge(&self, now: Instant, snap: &Snapshot, from: SocketAddr) -> Challenge {
+        Challenge {
+            realm: snap.auth.realm().to_owned(),
+            nonce: self.nonces.issue(self.unix_now(now), from),
+        }
     }
 
     /// RFC 8489 §9.2.4: long-term credential checks, in the RFC's order.
@@ -653,35 +665,40 @@ impl Engine {
         snap: &Snapshot,
         from: SocketAddr,
         msg: &Message<'_>,
-    ) -> Result<Authed, ErrorReply> {
+    ) -> Result<Authed, RequestError> {
         if !msg.has_attribute(MessageIntegrity::TYPE)
             && !msg.has_attribute(MessageIntegritySha256::TYPE)
         {
-            return Err(self.challenge(now, snap, from, 401));
+            return Err(RequestError::Unauthenticated(
+                self.challenge(now, snap, from),
+            ));
         }
         let (Ok(username), Ok(_realm), Ok(nonce)) = (
             msg.attribute::<Username>(),
             msg.attribute::<Realm>(),
             msg.attribute::<Nonce>(),
         ) else {
-            return Err(ErrorReply::new(400, "Bad Request"));
+            return Err(RequestError::MissingCredentialAttributes);
         };
         let unix_now = self.unix_now(now);
         if self.nonces.check(nonce.nonce(), unix_now, from) == NonceCheck::Stale {
-            return Err(self.challenge(now, snap, from, 438));
+            return Err(RequestError::StaleNonce(self.challenge(now, snap, from)));
         }
         // RFC 8489 §9.2.4: a 401 to a request that used a valid nonce repeats that nonce, so
         // the client sees its credentials, not the nonce, were refused and does not loop.
         let refused = || {
             let mut echoed = [0u8; nonce::NONCE_LEN];
             echoed.copy_from_slice(nonce.nonce().as_bytes());
-            ErrorReply::new(401, "Unauthorized").with_challenge(snap.auth.realm(), &echoed)
+            RequestError::CredentialsRefused(Challenge {
+                realm: snap.auth.realm().to_owned(),
+                nonce: echoed,
+            })
         };
         let credentials = match snap.auth.credentials(username.username(), unix_now) {
             Ok(c) => c,
             // auth type none: TURN is off; 400 so that clients do not retry (as stunnerd).
             Err(uturn_shared::auth::AuthError::TurnDisabled) => {
-                return Err(ErrorReply::new(400, "Bad Request"))
+                return Err(RequestError::TurnDisabled)
             }
             Err(_) => return Err(refused()),
         };
@@ -713,15 +730,10 @@ impl Engine {
         let integrity = Some(&authed.integrity);
         // RFC 8656 §7.2 step 3: REQUESTED-TRANSPORT is required; only UDP relaying here.
         let Ok(transport) = msg.attribute::<RequestedTransport>() else {
-            return self.reply_error(msg, ErrorReply::new(400, "Bad Request"), integrity, out);
+            return self.reply_error(msg, RequestError::MissingRequestedTransport, integrity, out);
         };
         if transport.protocol() != TRANSPORT_UDP {
-            return self.reply_error(
-                msg,
-                ErrorReply::new(442, "Unsupported Transport Protocol"),
-                integrity,
-                out,
-            );
+            return self.reply_error(msg, RequestError::UnsupportedTransport, integrity, out);
         }
         let has_even_port = msg.has_attribute(EvenPort::TYPE);
         let has_token = msg.has_attribute(ReservationToken::TYPE);
@@ -729,13 +741,18 @@ impl Engine {
         // RFC 8656 §7.2 step 5/6: RESERVATION-TOKEN excludes EVEN-PORT and
         // REQUESTED-ADDRESS-FAMILY.
         if has_token && (has_even_port || has_family) {
-            return self.reply_error(msg, ErrorReply::new(400, "Bad Request"), integrity, out);
+            return self.reply_error(
+                msg,
+                RequestError::ReservationTokenWithEvenPortOrFamily,
+                integrity,
+                out,
+            );
         }
         if has_token {
             // We never hand out reservations, so no token can be valid.
             return self.reply_error(
                 msg,
-                ErrorReply::new(508, "Insufficient Capacity"),
+                RequestError::ReservationTokenUnsupported,
                 integrity,
                 out,
             );
@@ -745,14 +762,14 @@ impl Engine {
             Ok(even) if even.requested() => {
                 return self.reply_error(
                     msg,
-                    ErrorReply::new(508, "Insufficient Capacity"),
+                    RequestError::PortReservationUnsupported,
                     integrity,
                     out,
                 )
             }
             Ok(_) => true,
             Err(_) if has_even_port => {
-                return self.reply_error(msg, ErrorReply::new(400, "Bad Request"), integrity, out)
+                return self.reply_error(msg, RequestError::MalformedEvenPort, integrity, out)
             }
             Err(_) => false,
         };
@@ -762,23 +779,13 @@ impl Engine {
             Ok(requested) if requested.family() == AddressFamily::IPV4 => Family::V4,
             Ok(_) => Family::V6,
             Err(_) if has_family => {
-                return self.reply_error(
-                    msg,
-                    ErrorReply::new(440, "Address Family not Supported"),
-                    integrity,
-                    out,
-                )
+                return self.reply_error(msg, RequestError::MalformedAddressFamily, integrity, out)
             }
             Err(_) => listener_family,
         };
         if family != listener_family {
             // The advertised relay address is the listener's; it cannot be of another family.
-            return self.reply_error(
-                msg,
-                ErrorReply::new(440, "Address Family not Supported"),
-                integrity,
-                out,
-            );
+            return self.reply_error(msg, RequestError::FamilyNotListeners, integrity, out);
         }
         let lifetime = requested_lifetime(msg).unwrap_or(DEFAULT_ALLOCATION_LIFETIME);
         let lifetime = if lifetime.is_zero() {
@@ -791,11 +798,11 @@ impl Engine {
         let (quota, cap) = (snap.user_quota, self.config.limits.max_allocations);
         if let Err(refused) = self.config.ledger.reserve(&authed.user_id, quota, cap) {
             self.stats.quota_refusals += 1;
-            let reply = match refused {
-                limits::QuotaError::User => ErrorReply::new(486, "Allocation Quota Reached"),
-                limits::QuotaError::Global => ErrorReply::new(508, "Insufficient Capacity"),
+            let error = match refused {
+                limits::QuotaError::User => RequestError::UserQuotaReached,
+                limits::QuotaError::Global => RequestError::AllocationCapReached,
             };
-            return self.reply_error(msg, reply, integrity, out);
+            return self.reply_error(msg, error, integrity, out);
         }
         let slot = match self.free_slots.pop() {
             Some(s) => s,
@@ -825,24 +832,26 @@ impl Engine {
     }
 
     /// Completes the Allocate that asked for `relay`: `bound_port` is the relay socket's port,
-    /// or `Err` if it could not be bound. Returns the length of the reply written to `out`.
+    /// or why it could not be bound. Returns the length of the reply written to `out`.
     pub fn complete_allocate(
         &mut self,
         now: Instant,
         relay: RelayId,
-        bound_port: Result<u16, ()>,
+        bound_port: Result<u16, RelayBindError>,
         out: &mut [u8],
     ) -> Option<usize> {
         let pending = self.pending.take().filter(|p| p.relay == relay)?;
         let port = match bound_port {
             Ok(port) => port,
-            Err(()) => {
+            Err(bind_error) => {
                 self.free_slots.push(relay.0);
                 self.config.ledger.release(&pending.user_id);
+                let error = RequestError::RelayBindFailed(bind_error);
                 return wire::error_response_raw(
                     ALLOCATE,
                     pending.txid,
-                    &ErrorReply::new(508, "Insufficient Capacity"),
+                    &error,
+                    error.reason(),
                     Some(&pending.integrity),
                     out,
                 );
@@ -887,9 +896,9 @@ impl Engine {
         now: Instant,
         slot: u32,
         msg: &Message<'_>,
-    ) -> Result<Option<u32>, ErrorReply> {
+    ) -> Result<Option<u32>, RequestError> {
         let Some(alloc) = self.slots[slot as usize].as_mut() else {
-            return Err(ErrorReply::new(437, "Allocation Mismatch"));
+            return Err(RequestError::NoAllocation);
         };
         // RFC 8656 §7.3: a REQUESTED-ADDRESS-FAMILY that differs from the allocation's → 443.
         if let Ok(requested) = msg.attribute::<RequestedAddressFamily>() {
@@ -899,7 +908,7 @@ impl Engine {
                 Family::V6
             };
             if family != alloc.family {
-                return Err(ErrorReply::new(443, "Peer Address Family Mismatch"));
+                return Err(RequestError::RefreshFamilyMismatch);
             }
         }
         match requested_lifetime(msg) {
@@ -922,10 +931,10 @@ impl Engine {
         snap: &Snapshot,
         slot: u32,
         msg: &Message<'_>,
-    ) -> Result<Option<u32>, ErrorReply> {
+    ) -> Result<Option<u32>, RequestError> {
         let max_permissions = self.config.limits.max_permissions;
         let Some(alloc) = self.slots[slot as usize].as_mut() else {
-            return Err(ErrorReply::new(437, "Allocation Mismatch"));
+            return Err(RequestError::NoAllocation);
         };
         alloc.permissions.retain(|p| p.expires_at > now);
         let route = snap.route(&alloc.listener_name);
@@ -934,7 +943,7 @@ impl Engine {
             let alloc = &*alloc;
             named_peers(msg, &alloc.permissions, max_permissions, |ip| {
                 if Family::of(ip) != alloc.family {
-                    return Err(ErrorReply::new(443, "Peer Address Family Mismatch"));
+                    return Err(RequestError::PeerFamilyMismatch);
                 }
                 // stunnerd: the peer IP must lie in a cluster routed from the listener; the
                 // RFC's answer for a policy denial is 403. Any denied peer fails the whole
@@ -967,16 +976,16 @@ impl Engine {
         snap: &Snapshot,
         slot: u32,
         msg: &Message<'_>,
-    ) -> Result<Option<u32>, ErrorReply> {
+    ) -> Result<Option<u32>, RequestError> {
         let max_permissions = self.config.limits.max_permissions;
         let Some(alloc) = self.slots[slot as usize].as_mut() else {
-            return Err(ErrorReply::new(437, "Allocation Mismatch"));
+            return Err(RequestError::NoAllocation);
         };
         let (Ok(number), Ok(peer)) = (
             msg.attribute::<ChannelNumber>(),
             msg.attribute::<XorPeerAddress>(),
         ) else {
-            return Err(ErrorReply::new(400, "Bad Request"));
+            return Err(RequestError::MissingChannelBindAttributes);
         };
         let number = number.channel();
         let peer = peer.addr(msg.transaction_id());
@@ -984,10 +993,10 @@ impl Engine {
         // RFC 8656 §11.2 narrowed channel numbers to 0x4000-0x4FFF; RFC 5766 clients (coturn's
         // among them) still pick from 0x4000-0x7FFF, and pion/stunnerd accept that range.
         if !CHANNEL_NUMBERS.contains(&number) {
-            return Err(ErrorReply::new(400, "Bad Request"));
+            return Err(RequestError::ChannelNumberOutOfRange);
         }
         if Family::of(peer.ip()) != alloc.family {
-            return Err(ErrorReply::new(443, "Peer Address Family Mismatch"));
+            return Err(RequestError::PeerFamilyMismatch);
         }
         // RFC 8656 §11.2: the number may not be bound to another peer, nor the peer to
         // another number.
@@ -996,7 +1005,7 @@ impl Engine {
             .iter()
             .any(|c| c.expires_at > now && ((c.number == number) != (c.peer == peer)))
         {
-            return Err(ErrorReply::new(400, "Bad Request"));
+            return Err(RequestError::ChannelBoundElsewhere);
         }
         let route = snap.route(&alloc.listener_name);
         if !route.is_some_and(|r| snap.permits_ip(r, peer.ip())) {
@@ -1007,7 +1016,7 @@ impl Engine {
             // Channels to one peer IP share its permission; cap them as permissions are.
             alloc.channels.retain(|c| c.expires_at > now);
             if alloc.channels.len() >= max_permissions {
-                return Err(ErrorReply::new(508, "Insufficient Capacity"));
+                return Err(RequestError::TooManyChannels);
             }
         }
         install_permission(alloc, peer.ip(), now, max_permissions)?;
@@ -1255,7 +1264,7 @@ fn denied(
     now: Instant,
     alloc: &Allocation,
     peer: IpAddr,
-) -> ErrorReply {
+) -> RequestError {
     if let Some(suppressed) = log.allow(now) {
         tracing::info!(
             target: "auth",
@@ -1265,7 +1274,7 @@ fn denied(
             peer
         );
     }
-    ErrorReply::new(403, "Forbidden")
+    RequestError::PeerDenied
 }
 
 /// The distinct peer IPs a CreatePermission names, in one pass over its attributes.
@@ -1278,8 +1287,8 @@ fn named_peers(
     msg: &Message<'_>,
     held: &[Permission],
     cap: usize,
-    mut check: impl FnMut(IpAddr) -> Result<(), ErrorReply>,
-) -> Result<HashSet<IpAddr, RandomState>, ErrorReply> {
+    mut check: impl FnMut(IpAddr) -> Result<(), RequestError>,
+) -> Result<HashSet<IpAddr, RandomState>, RequestError> {
     let txid = msg.transaction_id();
     let held_ips: HashSet<IpAddr, RandomState> = held.iter().map(|p| p.ip).collect();
     let mut named: HashSet<IpAddr, RandomState> = HashSet::default();
@@ -1289,7 +1298,7 @@ fn named_peers(
             continue;
         }
         let Ok(peer) = XorPeerAddress::from_raw_ref(&raw) else {
-            return Err(ErrorReply::new(400, "Bad Request"));
+            return Err(RequestError::MalformedPeerAddress);
         };
         let ip = canonical_ip(peer.addr(txid).ip());
         if named.contains(&ip) {
@@ -1300,13 +1309,13 @@ fn named_peers(
         if !held_ips.contains(&ip) {
             new_peers += 1;
             if held.len() + new_peers > cap {
-                return Err(ErrorReply::new(508, "Insufficient Capacity"));
+                return Err(RequestError::TooManyPermissions);
             }
         }
     }
     // RFC 8656 §9.2: at least one XOR-PEER-ADDRESS.
     if named.is_empty() {
-        return Err(ErrorReply::new(400, "Bad Request"));
+        return Err(RequestError::NoPeerAddress);
     }
     Ok(named)
 }
@@ -1316,7 +1325,7 @@ fn install_permission(
     ip: IpAddr,
     now: Instant,
     max_permissions: usize,
-) -> Result<(), ErrorReply> {
+) -> Result<(), RequestError> {
     let ip = canonical_ip(ip);
     if let Some(p) = alloc.permissions.iter_mut().find(|p| p.ip == ip) {
         p.expires_at = now + PERMISSION_LIFETIME;
@@ -1324,7 +1333,7 @@ fn install_permission(
     }
     alloc.permissions.retain(|p| p.expires_at > now);
     if alloc.permissions.len() >= max_permissions {
-        return Err(ErrorReply::new(508, "Insufficient Capacity"));
+        return Err(RequestError::TooManyPermissions);
     }
     alloc.permissions.push(Permission {
         ip,
@@ -1374,7 +1383,7 @@ mod tests {
             judged += 1;
             Ok(())
         });
-        assert_eq!(result.unwrap_err().code, 508);
+        assert_eq!(result.unwrap_err().code(), 508);
         assert_eq!(judged, 257);
         // With 200 held, the 57th new peer is one too many.
         let held: Vec<Permission> = (10_000..10_200)
@@ -1389,7 +1398,7 @@ mod tests {
             judged += 1;
             Ok(())
         });
-        assert_eq!(result.unwrap_err().code, 508);
+        assert_eq!(result.unwrap_err().code(), 508);
         assert_eq!(judged, 57);
         // One peer named 5 444 times is judged once and fits.
         let data = create_permission((0..5_444).map(|_| peer(1)));
