@@ -68,6 +68,14 @@ pub struct EngineStats {
     pub quota_refusals: u64,
 }
 
+impl EngineStats {
+    /// Counts a datagram dropped for `reason`, and gives the reason back.
+    pub(super) fn count_drop(&mut self, reason: DropReason) -> DropReason {
+        self.dropped[reason.index()] += 1;
+        reason
+    }
+}
+
 /// The TURN state machine of one shard.
 ///
 /// It never opens a socket or reads a clock: every call takes `now` and the current
@@ -134,8 +142,7 @@ impl Engine {
     }
 
     fn dropped(&mut self, reason: DropReason) -> DropReason {
-        self.stats.dropped[reason.index()] += 1;
-        reason
+        self.stats.count_drop(reason)
     }
 
     /// Handles one datagram a client sent to `listener` from `from`, writing any reply into
@@ -150,20 +157,28 @@ impl Engine {
         out: &mut [u8],
     ) -> ClientAction {
         // RFC 8656 §12.4: ChannelData starts with 0b01; STUN messages start with 0b00.
-        let action = match data.first().map(|b| b >> 6) {
-            Some(0b01) => {
-                relay::channel_data(&mut self.allocations, now, snap, listener.id, from, data)
-            }
+        match data.first().map(|b| b >> 6) {
+            Some(0b01) => relay::channel_data(
+                &mut self.allocations,
+                &mut self.stats,
+                now,
+                snap,
+                listener.id,
+                from,
+                data,
+            ),
             Some(0b00) => match Message::from_bytes(data) {
-                Ok(msg) => return self.dispatch_stun(now, snap, listener, from, &msg, out),
-                Err(_) => Err(DropReason::Malformed),
+                Ok(msg) => self.dispatch_stun(now, snap, listener, from, &msg, out),
+                Err(_) => ClientAction::Drop(self.dropped(DropReason::Malformed)),
             },
-            _ => Err(DropReason::Malformed),
-        };
-        action.unwrap_or_else(|reason| ClientAction::Drop(self.dropped(reason)))
+            _ => ClientAction::Drop(self.dropped(DropReason::Malformed)),
+        }
     }
 
     /// Sends a STUN message to the handler of its class and method.
+    // Out of line so that `handle_client` stays small enough for the ChannelData path to be
+    // inlined whole: a STUN message costs a parse anyway, a call is nothing beside it.
+    #[inline(never)]
     fn dispatch_stun(
         &mut self,
         now: Instant,
@@ -180,13 +195,18 @@ impl Engine {
             client: from,
         };
         if class == MessageClass::Indication {
-            let action = if method == SEND {
-                relay::send_indication(&mut self.allocations, now, snap, key, msg)
-            } else {
-                // Binding indications are keepalives; nothing to answer.
-                Err(DropReason::Unhandled)
-            };
-            return action.unwrap_or_else(|reason| ClientAction::Drop(self.dropped(reason)));
+            if method == SEND {
+                return relay::send_indication(
+                    &mut self.allocations,
+                    &mut self.stats,
+                    now,
+                    snap,
+                    key,
+                    msg,
+                );
+            }
+            // Binding indications are keepalives; nothing to answer.
+            return ClientAction::Drop(self.dropped(DropReason::Unhandled));
         }
         if class != MessageClass::Request {
             return ClientAction::Drop(self.dropped(DropReason::Unhandled));
@@ -481,13 +501,19 @@ impl Engine {
         buf: &mut [u8],
         out: &mut [u8],
     ) -> PeerAction {
-        let action = match self.allocations.get_mut(relay.0) {
-            Some(alloc) => {
-                relay::peer_datagram(alloc, now, snap, peer, buf, out, &mut self.indication_txids)
-            }
-            None => Err(DropReason::NoAllocation),
+        let Some(alloc) = self.allocations.get_mut(relay.0) else {
+            return PeerAction::Drop(self.dropped(DropReason::NoAllocation));
         };
-        action.unwrap_or_else(|reason| PeerAction::Drop(self.dropped(reason)))
+        relay::peer_datagram(
+            alloc,
+            &mut self.stats,
+            now,
+            snap,
+            peer,
+            buf,
+            out,
+            &mut self.indication_txids,
+        )
     }
 
     /// When [`Engine::handle_timeout`] should next run.

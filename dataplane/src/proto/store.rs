@@ -78,20 +78,26 @@ impl Channel {
 
     /// The cluster that admits the channel's peer from listener `listener_name`; the verdict
     /// is cached until the snapshot generation changes.
+    #[inline]
     pub(super) fn admitted(&mut self, snap: &Snapshot, listener_name: &str) -> Option<ClusterId> {
         match self.verdict {
             Some(verdict) if verdict.generation == snap.generation => verdict.cluster,
-            _ => {
-                let cluster = snap
-                    .route(listener_name)
-                    .and_then(|r| snap.admits(r, self.peer));
-                self.verdict = Some(ChannelVerdict {
-                    generation: snap.generation,
-                    cluster,
-                });
-                cluster
-            }
+            _ => self.judge(snap, listener_name),
         }
+    }
+
+    /// Judges the peer under `snap` and caches the verdict; once per channel and generation,
+    /// so kept out of the per-packet path.
+    #[cold]
+    fn judge(&mut self, snap: &Snapshot, listener_name: &str) -> Option<ClusterId> {
+        let cluster = snap
+            .route(listener_name)
+            .and_then(|r| snap.admits(r, self.peer));
+        self.verdict = Some(ChannelVerdict {
+            generation: snap.generation,
+            cluster,
+        });
+        cluster
     }
 }
 
@@ -113,6 +119,7 @@ pub(super) struct Allocation {
 impl Allocation {
     /// Whether a live permission covers `peer`'s IP and a routed cluster admits `peer` (IP and
     /// port); the verdict is cached on the permission until the generation or the port changes.
+    #[inline]
     pub(super) fn permission_admits(
         &mut self,
         snap: &Snapshot,
@@ -196,16 +203,19 @@ impl AllocationStore {
     }
 
     /// The slot of `key`'s allocation.
+    #[inline]
     pub(super) fn slot_of(&self, key: &ClientKey) -> Option<u32> {
         self.by_client.get(key).copied()
     }
 
     /// The allocation in `slot`.
+    #[inline]
     pub(super) fn get(&self, slot: u32) -> Option<&Allocation> {
         self.slots.get(slot as usize).and_then(Option::as_ref)
     }
 
     /// The allocation in `slot`, to change.
+    #[inline]
     pub(super) fn get_mut(&mut self, slot: u32) -> Option<&mut Allocation> {
         self.slots.get_mut(slot as usize).and_then(Option::as_mut)
     }
