@@ -9,6 +9,7 @@ use super::error::RequestError;
 use super::PERMISSION_LIFETIME;
 use foldhash::fast::RandomState;
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 use stun_proto::types::message::TransactionId;
@@ -20,6 +21,31 @@ use uturn_shared::snapshot::{canonical_ip, ClusterId, Snapshot};
 pub(super) struct ClientKey {
     pub(super) listener: ListenerId,
     pub(super) client: SocketAddr,
+}
+
+/// foldhash, with `hash_one` inlined into each lookup. std's provided `hash_one` is not
+/// `#[inline]`: instantiated once per crate, it can land in another codegen unit than the
+/// per-packet lookup, which then pays a call for it (+0.6 ns of 18 on ChannelData in
+/// `cargo bench --bench engine`).
+#[derive(Clone, Default)]
+struct ClientKeyHasher(RandomState);
+
+impl BuildHasher for ClientKeyHasher {
+    type Hasher = <RandomState as BuildHasher>::Hasher;
+
+    #[inline]
+    fn build_hasher(&self) -> Self::Hasher {
+        self.0.build_hasher()
+    }
+
+    // What std's provided method does, but `#[inline]`: the point of this type.
+    #[inline]
+    #[allow(clippy::manual_hash_one)]
+    fn hash_one<T: Hash>(&self, value: T) -> u64 {
+        let mut hasher = self.0.build_hasher();
+        value.hash(&mut hasher);
+        hasher.finish()
+    }
 }
 
 /// Which cluster admitted a peer, under which snapshot generation.
@@ -179,7 +205,7 @@ impl Allocation {
 pub(super) struct AllocationStore {
     slots: Vec<Option<Allocation>>,
     free_slots: Vec<u32>,
-    by_client: HashMap<ClientKey, u32, RandomState>,
+    by_client: HashMap<ClientKey, u32, ClientKeyHasher>,
 }
 
 impl AllocationStore {
@@ -188,7 +214,7 @@ impl AllocationStore {
         AllocationStore {
             slots: Vec::new(),
             free_slots: Vec::new(),
-            by_client: HashMap::with_hasher(RandomState::default()),
+            by_client: HashMap::with_hasher(ClientKeyHasher::default()),
         }
     }
 
