@@ -810,7 +810,7 @@ impl<D: Driver> Shard<D> {
             let frame = &rx.bytes()[range];
             self.counters.listener_rx_packets += 1;
             self.counters.listeners.traffic[metric].rx(frame.len());
-            if let Some(n) = self.client_message(now, id, client, frame) {
+            if let Some(n) = self.dispatch_turn_message(now, id, client, frame) {
                 if Self::queue_to_conn(&mut self.conns, &mut self.dirty_conns, slot, &self.out[..n])
                 {
                     self.counters.listeners.traffic[metric].tx(n);
@@ -951,7 +951,7 @@ impl<D: Driver> Shard<D> {
             self.dtls_datagram(now, id, fd, metric, local, from, data);
             return;
         }
-        if let Some(n) = self.client_message(now, id, from, data) {
+        if let Some(n) = self.dispatch_turn_message(now, id, from, data) {
             let outcome = try_send_to(fd, &self.out[..n], for_socket(local, from));
             if let Some(sent) = self.counters.sent(outcome) {
                 self.counters.listeners.traffic[metric].tx(sent);
@@ -1010,7 +1010,7 @@ impl<D: Driver> Shard<D> {
             return;
         };
         let received = session.receive(now, datagram, &mut scratch, |session, message| {
-            if let Some(n) = self.client_message(now, id, from, message) {
+            if let Some(n) = self.dispatch_turn_message(now, id, from, message) {
                 if !session.send(&self.out[..n]) {
                     self.counters.send_failed += 1;
                 }
@@ -1043,9 +1043,9 @@ impl<D: Driver> Shard<D> {
         }
     }
 
-    /// One TURN message from `from` on listener `id`, whatever carried it: relays, allocates
-    /// or answers. Returns the length of the reply left in `self.out`, if any.
-    fn client_message(
+    /// The dispatch point for one TURN message from `from` on listener `id`, whatever carried
+    /// it: relays, allocates or answers. Returns the length of the reply left in `self.out`.
+    fn dispatch_turn_message(
         &mut self,
         now: Instant,
         id: ListenerId,
