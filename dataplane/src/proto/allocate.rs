@@ -1,7 +1,7 @@
 //! The Allocate and Refresh requests (RFC 8656 §7): what an Allocate asks for, the allocation
 //! it becomes once its relay socket is bound, and a Refresh's new lifetime.
 
-use super::auth::Authed;
+use super::auth::Authenticated;
 use super::contract::{Family, RelayId};
 use super::error::RequestError;
 use super::store::{Allocation, ClientKey};
@@ -109,7 +109,7 @@ impl PendingAllocate {
         key: ClientKey,
         listener: &ListenerSpec,
         request: &AllocateRequest,
-        authed: Authed,
+        authenticated: Authenticated,
         msg: &Message<'_>,
     ) -> PendingAllocate {
         PendingAllocate {
@@ -118,9 +118,9 @@ impl PendingAllocate {
             listener_name: listener.name.clone(),
             advertised_ip: listener.advertised_ip,
             family: request.family,
-            username: authed.username,
-            user_id: authed.user_id,
-            integrity: authed.integrity,
+            username: authenticated.username,
+            user_id: authenticated.user_id,
+            integrity: authenticated.integrity,
             lifetime: request.lifetime,
             txid: msg.transaction_id(),
         }

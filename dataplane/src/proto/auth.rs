@@ -15,7 +15,7 @@ use uturn_shared::auth::AuthError;
 use uturn_shared::snapshot::Snapshot;
 
 /// An authenticated request: who sent it and the key its response is signed with.
-pub(super) struct Authed {
+pub(super) struct Authenticated {
     pub(super) username: String,
     /// Whose quota an allocation it makes counts against.
     pub(super) user_id: String,
@@ -60,7 +60,7 @@ impl Authenticator {
         snap: &Snapshot,
         from: SocketAddr,
         msg: &Message<'_>,
-    ) -> Result<Authed, RequestError> {
+    ) -> Result<Authenticated, RequestError> {
         if !msg.has_attribute(MessageIntegrity::TYPE)
             && !msg.has_attribute(MessageIntegritySha256::TYPE)
         {
@@ -104,7 +104,7 @@ impl Authenticator {
         if msg.validate_integrity_with_key(&integrity).is_err() {
             return Err(refused());
         }
-        Ok(Authed {
+        Ok(Authenticated {
             username: username.username().to_owned(),
             user_id: credentials.user_id,
             integrity,

@@ -3,7 +3,7 @@
 //! the handler's verdict into the reply, transmit or drop the shell acts on.
 
 use super::allocate::{self, AllocateRequest, PendingAllocate};
-use super::auth::{Authed, Authenticator};
+use super::auth::{Authenticated, Authenticator};
 use super::contract::{
     ClientAction, DropReason, ListenerId, ListenerRef, PeerAction, RelayBindError, RelayId,
     RelayRequest,
@@ -100,7 +100,7 @@ pub struct Engine {
     /// The Allocate waiting for [`Engine::complete_allocate`].
     pending: Option<PendingAllocate>,
     /// Relay sockets the shell must close, drained by [`Engine::poll_close`].
-    closes: Vec<RelayId>,
+    relays_to_close: Vec<RelayId>,
     next_sweep: Option<Instant>,
     /// Transaction ids of Data indications: a CSPRNG of this engine's own, seeded from the
     /// OS, so the ids reveal nothing of the nonce key nor repeat another shard's.
@@ -123,7 +123,7 @@ impl Engine {
             config,
             allocations: AllocationStore::new(),
             pending: None,
-            closes: Vec::new(),
+            relays_to_close: Vec::new(),
             next_sweep: None,
             indication_txids: StdRng::from_entropy(),
             stats: EngineStats::default(),
@@ -245,8 +245,8 @@ impl Engine {
                 }
             }
         }
-        let authed = match self.auth.authenticate(now, snap, from, msg) {
-            Ok(authed) => authed,
+        let authenticated = match self.auth.authenticate(now, snap, from, msg) {
+            Ok(authenticated) => authenticated,
             Err(error) => {
                 let challenge = error.challenge().is_some();
                 let action = self.reply_unauthenticated(msg, error, out);
@@ -271,18 +271,18 @@ impl Engine {
                 return self.reply_error(
                     msg,
                     RequestError::AllocationExists,
-                    Some(&authed.integrity),
+                    Some(&authenticated.integrity),
                     out,
                 );
             }
-            return self.handle_allocate(snap, listener, key, authed, msg, out);
+            return self.handle_allocate(snap, listener, key, authenticated, msg, out);
         }
         // RFC 8656 §7.3, §9.2, §11.2: no allocation on this 5-tuple → 437.
         let Some(slot) = existing else {
             return self.reply_error(
                 msg,
                 RequestError::NoAllocation,
-                Some(&authed.integrity),
+                Some(&authenticated.integrity),
                 out,
             );
         };
@@ -290,7 +290,7 @@ impl Engine {
         if self
             .allocations
             .get(slot)
-            .is_none_or(|a| a.username != authed.username)
+            .is_none_or(|a| a.username != authenticated.username)
         {
             return self.reply_error(msg, RequestError::WrongCredentials, None, out);
         }
@@ -300,12 +300,12 @@ impl Engine {
                 if let Some(seconds) = lifetime {
                     w.add(&Lifetime::new(seconds));
                 }
-                match w.finish(Some(&authed.integrity)) {
+                match w.finish(Some(&authenticated.integrity)) {
                     Some(n) => ClientAction::Reply(n),
                     None => ClientAction::Drop(self.dropped(DropReason::Internal)),
                 }
             }
-            Err(error) => self.reply_error(msg, error, Some(&authed.integrity), out),
+            Err(error) => self.reply_error(msg, error, Some(&authenticated.integrity), out),
         }
     }
 
@@ -398,11 +398,11 @@ impl Engine {
         snap: &Snapshot,
         listener: ListenerRef<'_>,
         key: ClientKey,
-        authed: Authed,
+        authenticated: Authenticated,
         msg: &Message<'_>,
         out: &mut [u8],
     ) -> ClientAction {
-        let integrity = Some(&authed.integrity);
+        let integrity = Some(&authenticated.integrity);
         let request: AllocateRequest = match allocate::allocate_request(msg, listener.spec) {
             Ok(request) => request,
             Err(error) => return self.reply_error(msg, error, integrity, out),
@@ -414,7 +414,7 @@ impl Engine {
         if let Err(refused) =
             self.config
                 .ledger
-                .reserve(&authed.user_id, user_quota, max_allocations)
+                .reserve(&authenticated.user_id, user_quota, max_allocations)
         {
             self.stats.quota_refusals += 1;
             let error = match refused {
@@ -435,7 +435,7 @@ impl Engine {
             key,
             listener.spec,
             &request,
-            authed,
+            authenticated,
             msg,
         ));
         ClientAction::AllocateRelay(relay_request)
@@ -478,7 +478,7 @@ impl Engine {
         ) else {
             // `out` too small (our bug): the relay socket is closed and nothing is held.
             self.allocations.release_slot(relay);
-            self.closes.push(relay);
+            self.relays_to_close.push(relay);
             self.config.ledger.release(&pending.user_id);
             self.dropped(DropReason::Internal);
             return None;
@@ -558,12 +558,12 @@ impl Engine {
 
     /// The next relay socket the shell must close.
     pub fn poll_close(&mut self) -> Option<RelayId> {
-        self.closes.pop()
+        self.relays_to_close.pop()
     }
 
     fn delete_allocation(&mut self, slot: u32) {
         if let Some(alloc) = self.allocations.remove(slot) {
-            self.closes.push(RelayId(slot));
+            self.relays_to_close.push(RelayId(slot));
             self.stats.allocations_deleted += 1;
             self.config.ledger.release(&alloc.user_id);
         }
