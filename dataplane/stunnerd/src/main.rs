@@ -14,7 +14,7 @@ use uturn_control::origin::{load_once, ConfigOrigin};
 use uturn_control::{Control, ControlConfig, Source};
 use uturn_dataplane::io::check::{check_config, check_tls_material, SharedPorts};
 use uturn_dataplane::io::{
-    select_engine, usable_cpus, Dataplane, DataplaneConfig, EngineChoice, IoEngine,
+    select_backend, usable_cpus, BackendChoice, Dataplane, DataplaneConfig, IoBackend,
 };
 use uturn_shared::config::StunnerConfig;
 use uturn_shared::snapshot::Snapshot;
@@ -356,14 +356,14 @@ fn main() -> ExitCode {
     let mut nonce_key = [0u8; 32];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce_key);
     let choice = match cli.io_engine.as_str() {
-        "uring" => EngineChoice::Uring,
-        "epoll" => EngineChoice::Epoll,
-        _ => EngineChoice::Auto,
+        "uring" => BackendChoice::Uring,
+        "epoll" => BackendChoice::Epoll,
+        _ => BackendChoice::Auto,
     };
-    let engine = match select_engine(choice) {
-        Ok((engine, why)) => {
-            tracing::info!(target: "stunnerd", "io engine: {engine} ({why})");
-            engine
+    let backend = match select_backend(choice) {
+        Ok((backend, why)) => {
+            tracing::info!(target: "stunnerd", "io engine: {backend} ({why})");
+            backend
         }
         Err(why) => {
             tracing::error!(target: "stunnerd", "cannot use --io-engine uring: {why}");
@@ -374,9 +374,9 @@ fn main() -> ExitCode {
         target: "stunnerd",
         "dataplane: {} shard(s) on {}, {} UDP socket(s) per TURN-UDP listener",
         shards,
-        match engine {
-            IoEngine::Uring => "io_uring (glommio)",
-            IoEngine::Epoll => "epoll",
+        match backend {
+            IoBackend::Uring => "io_uring (glommio)",
+            IoBackend::Epoll => "epoll",
         },
         cli.udp_thread_num.max(1)
     );
@@ -385,7 +385,7 @@ fn main() -> ExitCode {
         udp_thread_num: cli.udp_thread_num,
         snapshot: snapshot.clone(),
         nonce_key,
-        engine,
+        backend,
         limits: uturn_dataplane::proto::Limits {
             challenge_rate: cli.challenge_rate,
             challenge_burst: cli.challenge_burst,
