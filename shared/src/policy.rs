@@ -60,38 +60,18 @@ pub fn tunnel_ipv4(ip: IpAddr) -> Option<Ipv4Addr> {
 /// gateway's own sockets (listeners, relay ports, health, metrics) whatever address the
 /// listeners advertise.
 pub fn host_ips() -> Vec<IpAddr> {
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `list` with a linked list we free below with freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+    let Ok(interfaces) = nix::ifaddrs::getifaddrs() else {
         return Vec::new();
-    }
-    let mut ips = Vec::new();
-    let mut entry = list;
-    while !entry.is_null() {
-        // SAFETY: `entry` is a node of the list getifaddrs returned, not yet freed.
-        let ifa = unsafe { &*entry };
-        entry = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr points to a sockaddr whose family says which struct it is.
-        let ip = unsafe {
-            match i32::from((*ifa.ifa_addr).sa_family) {
-                libc::AF_INET => {
-                    let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
-                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
-                }
-                libc::AF_INET6 => {
-                    let sin6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
-                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
-                }
-                _ => continue,
+    };
+    let mut ips: Vec<IpAddr> = interfaces
+        .filter_map(|interface| {
+            let address = interface.address?;
+            match address.as_sockaddr_in() {
+                Some(v4) => Some(IpAddr::V4(Ipv4Addr::from(v4.ip()))),
+                None => address.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())),
             }
-        };
-        ips.push(ip);
-    }
-    // SAFETY: `list` came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(list) };
+        })
+        .collect();
     ips.sort();
     ips.dedup();
     ips

@@ -32,8 +32,8 @@ use turn_types::attribute::{
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRESH, SEND};
 use uturn_dataplane::proto::{
     AllocationLedger, Bytes, ClientAction, DropReason, Engine, EngineConfig, Family, ListenerId,
-    ListenerRef, PeerAction, RelayId, AMPLIFICATION_FACTOR, CHANNEL_LIFETIME, CHANNEL_NUMBERS,
-    PEER_HEADROOM, PERMISSION_LIFETIME,
+    ListenerRef, PeerAction, RelayBindError, RelayId, AMPLIFICATION_FACTOR, CHANNEL_LIFETIME,
+    CHANNEL_NUMBERS, PEER_HEADROOM, PERMISSION_LIFETIME,
 };
 use uturn_shared::config::{parse_config, StunnerConfig};
 use uturn_shared::framing::MAX_FRAME;
@@ -639,7 +639,13 @@ impl Harness {
                 assert_eq!(msg.method(), ALLOCATE);
                 self.next_port = self.next_port.wrapping_add(2).max(1024);
                 let port = self.next_port;
-                let bound = if bind_ok { Ok(port) } else { Err(()) };
+                let bound = if bind_ok {
+                    Ok(port)
+                } else {
+                    Err(RelayBindError {
+                        kind: std::io::ErrorKind::AddrInUse,
+                    })
+                };
                 if tracing() {
                     eprintln!("    AllocateRelay {req:?} -> bind {bound:?}");
                 }
