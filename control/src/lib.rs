@@ -28,13 +28,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinHandle;
-use uturn_shared::config::{parse_http_endpoint, HttpEndpoint, ServiceEndpoint, StunnerConfig};
+use uturn_shared::config::{
+    parse_http_endpoint, HttpEndpoint, ServiceEndpoint, StunnerConfig, DEFAULT_HEALTHCHECK_PORT,
+    DEFAULT_METRICS_PORT,
+};
 use uturn_shared::snapshot::SnapshotHandle;
 
-/// The default health-check port (`http://:8086`).
-pub const DEFAULT_HEALTHCHECK_PORT: u16 = 8086;
-/// The default metrics port (`http://:8080/metrics`).
-pub const DEFAULT_METRICS_PORT: u16 = 8080;
 /// The default of `--discovery-timeout`: how long `/ready` waits for the first EndpointSlice
 /// list of each watched Service. A healthy API server lists in well under a second, and the
 /// kube-rs watcher retries a failed list within about a second, so 10 s rides out a few
