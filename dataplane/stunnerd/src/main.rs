@@ -70,9 +70,9 @@ struct Cli {
         long = "io-engine",
         env = "UTURN_IO_ENGINE",
         value_enum,
-        default_value_t = IoBackend::Auto
+        default_value_t = IoBackendFlag::Auto
     )]
-    io_engine: IoBackend,
+    io_engine: IoBackendFlag,
     /// uturn: how long /ready waits for the first EndpointSlice list of each Service that a
     /// KUBERNETES cluster names; after it, ready anyway with a warning (0: do not wait).
     #[arg(long = "discovery-timeout", value_name = "SECONDS", default_value_t = uturn_control::DEFAULT_DISCOVERY_TIMEOUT.as_secs())]
@@ -119,7 +119,7 @@ struct Cli {
 /// code: that word is the TURN engine.)
 // No `///` on the variants: clap would print them as a second list in `--help`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum IoBackend {
+enum IoBackendFlag {
     // io_uring where the probe passes, else epoll.
     Auto,
     // io_uring (glommio), or exit 1 naming why it cannot run.
@@ -128,13 +128,13 @@ enum IoBackend {
     Epoll,
 }
 
-impl IoBackend {
+impl IoBackendFlag {
     /// The dataplane's selection request for this flag value.
     fn choice(self) -> EngineChoice {
         match self {
-            IoBackend::Auto => EngineChoice::Auto,
-            IoBackend::Uring => EngineChoice::Uring,
-            IoBackend::Epoll => EngineChoice::Epoll,
+            IoBackendFlag::Auto => EngineChoice::Auto,
+            IoBackendFlag::Uring => EngineChoice::Uring,
+            IoBackendFlag::Epoll => EngineChoice::Epoll,
         }
     }
 }
