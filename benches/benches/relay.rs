@@ -1,5 +1,5 @@
 //! End-to-end relay throughput: ChannelData from a client through the real dataplane (one
-//! shard) to a peer on loopback, with each IO engine (io_uring where it works here, and
+//! shard) to a peer on loopback, with each IO backend (io_uring where it works here, and
 //! epoll). Reports packets per second received by the peer, median of several bounded runs.
 
 use arc_swap::ArcSwap;
@@ -7,7 +7,7 @@ use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uturn_dataplane::io::{probe, Dataplane, DataplaneConfig, IoEngine};
+use uturn_dataplane::io::{probe, Dataplane, DataplaneConfig, IoBackend};
 use uturn_perf::BenchClient;
 use uturn_shared::config::parse_config;
 use uturn_shared::snapshot::Snapshot;
@@ -21,13 +21,13 @@ fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` does not: then run one short pass.
     let quick = !std::env::args().any(|a| a == "--bench");
     match probe::probe_uring() {
-        Ok(()) => bench(IoEngine::Uring, quick),
+        Ok(()) => bench(IoBackend::Uring, quick),
         Err(why) => println!("relay/uring: skipped: {why}"),
     }
-    bench(IoEngine::Epoll, quick);
+    bench(IoBackend::Epoll, quick);
 }
 
-fn bench(engine: IoEngine, quick: bool) {
+fn bench(backend: IoBackend, quick: bool) {
     let port = UdpSocket::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -47,7 +47,7 @@ fn bench(engine: IoEngine, quick: bool) {
         udp_thread_num: 0,
         snapshot,
         nonce_key: [9; 32],
-        engine,
+        backend,
         limits: Default::default(),
         stream_limits: Default::default(),
     })
@@ -103,14 +103,14 @@ fn bench(engine: IoEngine, quick: bool) {
         let got = received.load(Ordering::Relaxed);
         let pps = got as f64 / elapsed.as_secs_f64();
         println!(
-            "relay/{engine}/channeldata-{PAYLOAD}B: sent {sent}, relayed {got} ({:.1}%), {pps:.0} pkts/s",
+            "relay/{backend}/channeldata-{PAYLOAD}B: sent {sent}, relayed {got} ({:.1}%), {pps:.0} pkts/s",
             100.0 * got as f64 / sent.max(1) as f64
         );
         results.push(pps);
     }
     results.sort_by(|a, b| a.total_cmp(b));
     println!(
-        "relay/{engine}/channeldata-{PAYLOAD}B: median {:.0} pkts/s over {} run(s) (1 shard, loopback)",
+        "relay/{backend}/channeldata-{PAYLOAD}B: median {:.0} pkts/s over {} run(s) (1 shard, loopback)",
         results[results.len() / 2],
         results.len()
     );

@@ -342,6 +342,20 @@ listeners:
     assert_eq!(config.listeners[0].routes, ["", "c"]);
 }
 
+/// Found by the `cds_message` fuzz target: a `$` in a credentials key expanded into a second
+/// key beside the literal one, so the config written back as JSON read differently.
+#[test]
+fn credential_keys_are_literal_too() {
+    let text = r#"{"version": "v1", "auth": {"type": "static", "realm": "r",
+        "credentials": {"username": "u", "password": "p", "note$HOME": "n"}}, "listeners": [], "clusters": []}"#;
+    let env = with_env(&[("HOME", "word")]);
+    let config = parse_config_with_env(text, &env).unwrap_or_else(|e| panic!("{e}"));
+    let keys: Vec<&str> = config.auth.credentials.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["note$HOME", "password", "username"]);
+    let again = parse_config_with_env(&config.to_json(), &env).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again, config);
+}
+
 #[test]
 fn unset_stunner_addr_falls_back_to_the_default_address() {
     let text = json_with(r#""listeners": [{"name": "l", "address": "$STUNNER_ADDR"}]"#);

@@ -6,7 +6,7 @@
 //! Per-address counts live in a fixed table of atomic counters picked by a keyed hash of the
 //! address (SipHash under a random key, as the challenge limiter's buckets, so a client cannot
 //! choose addresses that land in a victim's counter): no state is created per client, and two
-//! addresses whose hashes collide share one budget (odds 1 in [`BUCKETS`]).
+//! addresses whose hashes collide share one budget (odds 1 in `BUCKETS`).
 
 use std::hash::BuildHasher;
 use std::net::IpAddr;

@@ -289,7 +289,7 @@ impl SendQueue {
             self.flush(done);
         }
         if data.len() > SLOT {
-            let outcome = super::socket::try_send_to(fd, data, to)
+            let outcome = super::sys::try_send_to(fd, data, to)
                 .and_then(|sent| sent.ok_or_else(|| io::ErrorKind::WouldBlock.into()));
             done(tag, outcome);
             return;

@@ -22,15 +22,13 @@ use sha2::Sha256;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use super::tls::{decode_pem, MaterialError};
+use super::tls::{decode_pem, MaterialError, HANDSHAKE_TIMEOUT};
 
 /// The largest datagram a session writes: fits the common 1280-byte IPv6 minimum MTU with
 /// room for headers.
 const MTU: u32 = 1200;
-/// A DTLS handshake must finish within this.
-pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A TURN-DTLS listener's gate from the config's base64 `cert` and `key`: what the listener
 /// serves with, and what a new config is checked with before it is applied.

@@ -54,6 +54,8 @@ pub(crate) enum Take {
 /// The datagram listener sockets of every shard, by listener run.
 pub(crate) struct ListenerGroups {
     shards: usize,
+    /// `--udp-thread-num`: sockets per listener, over all shards (0 means one).
+    udp_thread_num: usize,
     inner: Mutex<Inner>,
 }
 
@@ -64,10 +66,11 @@ struct Inner {
 }
 
 impl ListenerGroups {
-    /// Groups for `shards` shards.
-    pub fn new(shards: usize) -> ListenerGroups {
+    /// Groups for `shards` shards, with `udp_thread_num` sockets per listener.
+    pub fn new(shards: usize, udp_thread_num: usize) -> ListenerGroups {
         ListenerGroups {
             shards,
+            udp_thread_num,
             inner: Mutex::new(Inner {
                 groups: HashMap::new(),
                 reconciled: vec![0; shards],
@@ -75,13 +78,23 @@ impl ListenerGroups {
         }
     }
 
+    /// How many of a listener's sockets shard `index` holds: the `--udp-thread-num` sockets
+    /// are dealt round-robin, so the shards' shares differ by one at most (and a shard beyond
+    /// the socket count holds none).
+    pub fn share(&self, index: usize) -> usize {
+        let sockets = self.udp_thread_num.max(1);
+        (0..sockets)
+            .filter(|j| j % self.shards.max(1) == index)
+            .count()
+    }
+
     /// Shard `index`'s sockets for the datagram listener `spec`. The first shard to ask for a
-    /// run opens the sockets of every shard, `per_shard(shard)` of them each, with `open`.
+    /// run opens the sockets of every shard, [`ListenerGroups::share`] of them each, with
+    /// `open`.
     pub fn take(
         &self,
         index: usize,
         spec: &ListenerSpec,
-        per_shard: impl Fn(usize) -> usize,
         open: impl Fn() -> io::Result<Socket>,
     ) -> Take {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -97,7 +110,7 @@ impl ListenerGroups {
                 return Take::Wait;
             }
             let sockets = (0..self.shards)
-                .map(|shard| (0..per_shard(shard)).map(|_| open()).collect())
+                .map(|shard| (0..self.share(shard)).map(|_| open()).collect())
                 .collect();
             inner.groups.insert(
                 key.clone(),
@@ -204,26 +217,38 @@ mod tests {
     }
 
     #[test]
+    fn udp_thread_num_sockets_are_dealt_over_the_shards() {
+        let shares = |shards, udp_thread_num| {
+            let groups = ListenerGroups::new(shards, udp_thread_num);
+            (0..shards).map(|i| groups.share(i)).collect::<Vec<_>>()
+        };
+        assert_eq!(shares(3, 5), [2, 2, 1]);
+        // --udp-thread-num 16 on a 2-CPU pod: two shards with eight sockets each.
+        assert_eq!(shares(2, 16), [8, 8]);
+        // 0 means one socket, on the first shard.
+        assert_eq!(shares(2, 0), [1, 0]);
+    }
+
+    #[test]
     fn the_first_shard_opens_the_sockets_of_every_shard() {
         let port = free_udp_port();
         let snap = snapshot(1, Some(port));
         let spec = &snap.listeners[0];
-        let groups = ListenerGroups::new(3);
+        // Shards 0 and 1 get two sockets each, shard 2 one (--udp-thread-num 5 over 3).
+        let groups = ListenerGroups::new(3, 5);
         let opened = std::cell::Cell::new(0);
         let open = || {
             opened.set(opened.get() + 1);
             listener_socket(port)
         };
-        // Shards 0 and 1 get two sockets each, shard 2 one (--udp-thread-num 5 over 3).
-        let per_shard = |shard: usize| if shard < 2 { 2 } else { 1 };
-        let first = sockets(groups.take(1, spec, per_shard, open));
+        let first = sockets(groups.take(1, spec, open));
         assert_eq!(opened.get(), 5, "the whole group opens at once");
         assert_eq!(first.len(), 2);
         assert!(first.iter().all(|s| s.is_ok()));
-        let last = sockets(groups.take(2, spec, per_shard, open));
+        let last = sockets(groups.take(2, spec, open));
         assert_eq!(last.len(), 1);
         assert_eq!(opened.get(), 5, "no shard opens a second group");
-        let zero = sockets(groups.take(0, spec, per_shard, open));
+        let zero = sockets(groups.take(0, spec, open));
         assert_eq!(zero.len(), 2);
         drop((first, last, zero));
         assert!(!bound(port));
@@ -234,8 +259,8 @@ mod tests {
         let port = free_udp_port();
         let with = snapshot(1, Some(port));
         let spec = with.listeners[0].clone();
-        let groups = ListenerGroups::new(2);
-        let mine = sockets(groups.take(0, &spec, |_| 1, || listener_socket(port)));
+        let groups = ListenerGroups::new(2, 2);
+        let mine = sockets(groups.take(0, &spec, || listener_socket(port)));
         assert_eq!(mine.len(), 1);
         // Shard 0 reconciles generation 2, where the listener is gone, and closes its socket.
         groups.reconciling(0, &snapshot(2, None));
@@ -244,7 +269,7 @@ mod tests {
         assert!(!bound(port), "shard 1's socket, never taken, is closed");
         // Shard 1, still on generation 1, must not open the run again.
         assert!(matches!(
-            groups.take(1, &spec, |_| 1, || listener_socket(port)),
+            groups.take(1, &spec, || listener_socket(port)),
             Take::Over
         ));
         assert!(!bound(port));
@@ -253,7 +278,7 @@ mod tests {
         back.carry_listener_runs(&snapshot(2, None));
         assert_eq!(back.listeners[0].run, 3);
         groups.reconciling(1, &back);
-        let again = sockets(groups.take(1, &back.listeners[0], |_| 1, || listener_socket(port)));
+        let again = sockets(groups.take(1, &back.listeners[0], || listener_socket(port)));
         assert_eq!(again.len(), 1);
     }
 
@@ -261,10 +286,10 @@ mod tests {
     fn a_restarted_listener_opens_once_every_shard_closed_the_old_run() {
         let port = free_udp_port();
         let old = snapshot(1, Some(port));
-        let groups = ListenerGroups::new(2);
+        let groups = ListenerGroups::new(2, 2);
         let open = || listener_socket(port);
         let mut held: Vec<_> = (0..2)
-            .map(|shard| sockets(groups.take(shard, &old.listeners[0], |_| 1, open)))
+            .map(|shard| sockets(groups.take(shard, &old.listeners[0], open)))
             .collect();
         // Generation 2 restarts the listener on the same port (say, a new realm).
         let mut new = snapshot(2, Some(port));
@@ -276,7 +301,7 @@ mod tests {
         held[0].clear();
         groups.released(0, &old.listeners[0]);
         assert!(matches!(
-            groups.take(0, &new.listeners[0], |_| 1, open),
+            groups.take(0, &new.listeners[0], open),
             Take::Wait
         ));
         // Shard 1 closes its old socket and opens the new run for both.
@@ -284,8 +309,8 @@ mod tests {
         held[1].clear();
         groups.released(1, &old.listeners[0]);
         assert!(!bound(port), "no socket of either run is open");
-        let one = sockets(groups.take(1, &new.listeners[0], |_| 1, open));
-        let zero = sockets(groups.take(0, &new.listeners[0], |_| 1, open));
+        let one = sockets(groups.take(1, &new.listeners[0], open));
+        let zero = sockets(groups.take(0, &new.listeners[0], open));
         assert_eq!((zero.len(), one.len()), (1, 1));
         assert!(zero.iter().chain(&one).all(|s| s.is_ok()));
     }
@@ -297,10 +322,10 @@ mod tests {
         let first = snapshot(1, Some(port));
         let mut second = first.listeners[0].clone();
         second.name = "other".into();
-        let groups = ListenerGroups::new(1);
+        let groups = ListenerGroups::new(1, 1);
         groups.reconciling(0, &first);
-        let a = sockets(groups.take(0, &first.listeners[0], |_| 1, || listener_socket(port)));
-        let b = sockets(groups.take(0, &second, |_| 1, || listener_socket(port)));
+        let a = sockets(groups.take(0, &first.listeners[0], || listener_socket(port)));
+        let b = sockets(groups.take(0, &second, || listener_socket(port)));
         assert_eq!((a.len(), b.len()), (1, 1));
     }
 
@@ -308,11 +333,11 @@ mod tests {
     fn an_old_snapshot_does_not_retire_a_newer_run() {
         let port = free_udp_port();
         let newer = snapshot(5, Some(port));
-        let groups = ListenerGroups::new(2);
-        let mine = sockets(groups.take(0, &newer.listeners[0], |_| 1, || listener_socket(port)));
+        let groups = ListenerGroups::new(2, 2);
+        let mine = sockets(groups.take(0, &newer.listeners[0], || listener_socket(port)));
         // Shard 1 reconciles generation 4, which predates the listener.
         groups.reconciling(1, &snapshot(4, None));
-        let theirs = sockets(groups.take(1, &newer.listeners[0], |_| 1, || listener_socket(port)));
+        let theirs = sockets(groups.take(1, &newer.listeners[0], || listener_socket(port)));
         assert_eq!((mine.len(), theirs.len()), (1, 1));
     }
 

@@ -3,10 +3,31 @@
 //! stunnerd's metric names, types, labels and help strings (stunnerd.md §7), plus uturn's drop
 //! counters.
 
-use super::ShardStats;
 use crate::proto::DropReason;
 use std::fmt::Write as _;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters one shard publishes once per tick (single writer, read at scrape time).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub struct ShardStats {
+    /// Live allocations.
+    pub allocations: AtomicU64,
+    /// Allocations ever created.
+    pub allocations_created: AtomicU64,
+    /// Datagrams received on listener sockets.
+    pub listener_rx_packets: AtomicU64,
+    /// Datagrams dropped (malformed, no allocation, not admitted, …).
+    pub dropped: AtomicU64,
+    /// Datagrams dropped as malformed.
+    pub malformed: AtomicU64,
+    /// Datagrams relayed client → peer.
+    pub relayed_to_peer: AtomicU64,
+    /// Datagrams relayed peer → client.
+    pub relayed_to_client: AtomicU64,
+    /// Traffic by listener and cluster, and drops by reason; replaced once per tick.
+    pub report: std::sync::Mutex<ShardReport>,
+}
 
 /// Datagrams and bytes, each way (`rx`: received by uturn, `tx`: sent by uturn).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -45,7 +66,7 @@ impl Traffic {
 /// Cumulative counters by name (a listener or a cluster), kept by one shard. Names are never
 /// forgotten, so a counter survives its object being restarted or removed and re-added.
 #[derive(Debug, Clone, Default)]
-pub struct Named {
+pub struct CountersByName {
     /// Names, in first-seen order.
     pub names: Vec<String>,
     /// Traffic, parallel to `names`.
@@ -56,7 +77,7 @@ pub struct Named {
     pub open: Vec<u64>,
 }
 
-impl Named {
+impl CountersByName {
     /// The slot of `name`, created on first use.
     pub fn slot(&mut self, name: &str) -> usize {
         if let Some(i) = self.names.iter().position(|n| n == name) {
@@ -74,9 +95,9 @@ impl Named {
 #[derive(Debug, Clone, Default)]
 pub struct ShardReport {
     /// Per listener name.
-    pub listeners: Named,
+    pub listeners: CountersByName,
     /// Per cluster name.
-    pub clusters: Named,
+    pub clusters: CountersByName,
     /// Datagrams dropped, by [`DropReason::index`] (oversized ones count as malformed).
     pub dropped: [u64; DropReason::ALL.len()],
     /// Requests rejected for their credentials (401 or 438 sent).
@@ -105,28 +126,42 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-fn sum_named(
+/// One name's counters summed over the shards.
+#[derive(Default)]
+struct NameTotal {
+    name: String,
+    traffic: Traffic,
+    opened: u64,
+    open: u64,
+}
+
+/// The counters `pick` chooses from each report, summed by name, sorted by name.
+fn sum_by_name(
     reports: &[ShardReport],
-    pick: fn(&ShardReport) -> &Named,
-) -> Vec<(String, Traffic, u64, u64)> {
-    let mut total: Vec<(String, Traffic, u64, u64)> = Vec::new();
+    pick: fn(&ShardReport) -> &CountersByName,
+) -> Vec<NameTotal> {
+    let mut totals: Vec<NameTotal> = Vec::new();
     for report in reports {
-        let named = pick(report);
-        for (i, name) in named.names.iter().enumerate() {
-            let slot = match total.iter().position(|(n, ..)| n == name) {
+        let counters = pick(report);
+        for (i, name) in counters.names.iter().enumerate() {
+            let slot = match totals.iter().position(|total| total.name == *name) {
                 Some(slot) => slot,
                 None => {
-                    total.push((name.clone(), Traffic::default(), 0, 0));
-                    total.len() - 1
+                    totals.push(NameTotal {
+                        name: name.clone(),
+                        ..NameTotal::default()
+                    });
+                    totals.len() - 1
                 }
             };
-            total[slot].1.add(&named.traffic[i]);
-            total[slot].2 += named.opened[i];
-            total[slot].3 += named.open[i];
+            let total = &mut totals[slot];
+            total.traffic.add(&counters.traffic[i]);
+            total.opened += counters.opened[i];
+            total.open += counters.open[i];
         }
     }
-    total.sort_by(|a, b| a.0.cmp(&b.0));
-    total
+    totals.sort_by(|a, b| a.name.cmp(&b.name));
+    totals
 }
 
 /// Appends the dataplane's metrics, summed over `shards`, as Prometheus text.
@@ -147,18 +182,19 @@ pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
     );
     let _ = writeln!(out, "stunner_allocations_active {allocations}");
 
-    let listeners = sum_named(&reports, |r| &r.listeners);
+    let listeners = sum_by_name(&reports, |r| &r.listeners);
     family(
         out,
         "stunner_listener_connections",
         "gauge",
         "Number of active downstream connections at a listener",
     );
-    for (name, _, _, open) in &listeners {
+    for total in &listeners {
         let _ = writeln!(
             out,
-            "stunner_listener_connections{{name=\"{}\"}} {open}",
-            escape(name)
+            "stunner_listener_connections{{name=\"{}\"}} {}",
+            escape(&total.name),
+            total.open
         );
     }
     family(
@@ -167,14 +203,15 @@ pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
         "counter",
         "Number of all downstream connections observed at a listener",
     );
-    for (name, _, opened, _) in &listeners {
+    for total in &listeners {
         let _ = writeln!(
             out,
-            "stunner_listener_connections_total{{name=\"{}\"}} {opened}",
-            escape(name)
+            "stunner_listener_connections_total{{name=\"{}\"}} {}",
+            escape(&total.name),
+            total.opened
         );
     }
-    let clusters = sum_named(&reports, |r| &r.clusters);
+    let clusters = sum_by_name(&reports, |r| &r.clusters);
     for (metric, help, rows) in [
         (
             "stunner_listener",
@@ -196,13 +233,14 @@ pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
         for (unit, help) in ["packets", "bytes"].into_iter().zip(help) {
             let metric = format!("{metric}_{unit}_total");
             family(out, &metric, "counter", help);
-            for (name, traffic, ..) in rows.iter() {
+            for total in rows.iter() {
+                let traffic = &total.traffic;
                 let (rx, tx) = if unit == "packets" {
                     (traffic.rx_packets, traffic.tx_packets)
                 } else {
                     (traffic.rx_bytes, traffic.tx_bytes)
                 };
-                let name = escape(name);
+                let name = escape(&total.name);
                 let _ = writeln!(out, "{metric}{{direction=\"rx\",name=\"{name}\"}} {rx}");
                 let _ = writeln!(out, "{metric}{{direction=\"tx\",name=\"{name}\"}} {tx}");
             }

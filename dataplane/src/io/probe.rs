@@ -1,23 +1,25 @@
-//! Which IO engine can run here. io_uring is often blocked in containers (RuntimeDefault
+//! Which IO backend can run here. io_uring is often blocked in containers (RuntimeDefault
 //! seccomp profiles of containerd 2.x, Docker 25+ and CRI-O; the `kernel.io_uring_disabled`
 //! sysctl), and glommio also needs RLIMIT_MEMLOCK of at least 512 KiB.
 
+use super::sys::{self, IO_URING_PROBE_HEADER, IO_URING_PROBE_OP};
 use std::fmt;
+use std::os::fd::OwnedFd;
 
-/// The IO engine that runs the shards.
+/// What waits for the shards' sockets (`--io-engine`; not the TURN engine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IoEngine {
+pub enum IoBackend {
     /// glommio executors over io_uring.
     Uring,
     /// Threads waiting in epoll.
     Epoll,
 }
 
-impl fmt::Display for IoEngine {
+impl fmt::Display for IoBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            IoEngine::Uring => "uring",
-            IoEngine::Epoll => "epoll",
+            IoBackend::Uring => "uring",
+            IoBackend::Epoll => "epoll",
         })
     }
 }
@@ -35,7 +37,7 @@ impl fmt::Display for Unavailable {
     }
 }
 
-/// Checks, once, what the io_uring engine needs: the sysctl, the memlock limit, a real ring
+/// Checks, once, what the io_uring backend needs: the sysctl, the memlock limit, a real ring
 /// (`io_uring_setup` with four entries, closed at once) and, through `io_uring_register`'s
 /// opcode probe, the operations the shards submit.
 pub fn probe_uring() -> Result<(), Unavailable> {
@@ -50,34 +52,20 @@ pub fn probe_uring() -> Result<(), Unavailable> {
                 .into(),
         ));
     }
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is valid for the call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } == 0
-        && limit.rlim_cur != libc::RLIM_INFINITY
-        && limit.rlim_cur < GLOMMIO_MEMLOCK
-    {
+    if let Some(limit) = sys::memlock_limit().filter(|&limit| limit < GLOMMIO_MEMLOCK) {
         return Err(Unavailable(format!(
             "RLIMIT_MEMLOCK is {} KiB and the io_uring engine needs at least {} KiB; raise the \
              memlock limit (ulimit -l, or the container runtime's default), or use --io-engine \
              epoll",
-            limit.rlim_cur / 1024,
+            limit / 1024,
             GLOMMIO_MEMLOCK / 1024
         )));
     }
-    // struct io_uring_params is 120 bytes; all-zero asks for defaults.
-    let mut params = [0u8; 120];
-    // SAFETY: io_uring_setup(entries, params) with a zeroed params buffer of the right size.
-    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
-    if fd >= 0 {
-        let ops = probe_opcodes(fd as libc::c_int);
-        // SAFETY: the ring fd we just got.
-        unsafe { libc::close(fd as libc::c_int) };
-        return ops;
-    }
-    let error = std::io::Error::last_os_error();
+    // Dropping the ring closes it.
+    let error = match sys::io_uring_setup(4) {
+        Ok(ring) => return probe_opcodes(&ring),
+        Err(error) => error,
+    };
     Err(Unavailable(match error.raw_os_error() {
         Some(libc::ENOSYS) => format!(
             "io_uring_setup failed with ENOSYS ({error}): the kernel has no io_uring, or a \
@@ -104,7 +92,7 @@ pub fn probe_uring() -> Result<(), Unavailable> {
 
 /// `--io-engine`: what the operator asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineChoice {
+pub enum BackendChoice {
     /// io_uring when it works here, else epoll.
     Auto,
     /// io_uring or an error.
@@ -113,17 +101,20 @@ pub enum EngineChoice {
     Epoll,
 }
 
-/// The engine to run for `choice`, and why (one line for the log), or why the forced io_uring
-/// engine cannot run.
-pub fn select(choice: EngineChoice) -> Result<(IoEngine, String), Unavailable> {
+/// The backend to run for `choice`, and why (one line for the log), or why the forced io_uring
+/// backend cannot run.
+pub fn select(choice: BackendChoice) -> Result<(IoBackend, String), Unavailable> {
     match choice {
-        EngineChoice::Epoll => Ok((IoEngine::Epoll, "--io-engine epoll".into())),
-        EngineChoice::Uring => {
-            probe_uring().map(|()| (IoEngine::Uring, "--io-engine uring".into()))
+        BackendChoice::Epoll => Ok((IoBackend::Epoll, "--io-engine epoll".into())),
+        BackendChoice::Uring => {
+            probe_uring().map(|()| (IoBackend::Uring, "--io-engine uring".into()))
         }
-        EngineChoice::Auto => Ok(match probe_uring() {
-            Ok(()) => (IoEngine::Uring, "io_uring is available".into()),
-            Err(why) => (IoEngine::Epoll, format!("io_uring is not available: {why}")),
+        BackendChoice::Auto => Ok(match probe_uring() {
+            Ok(()) => (IoBackend::Uring, "io_uring is available".into()),
+            Err(why) => (
+                IoBackend::Epoll,
+                format!("io_uring is not available: {why}"),
+            ),
         }),
     }
 }
@@ -139,26 +130,14 @@ const NEEDED_OPS: [(u8, &str); 6] = [
     (27, "RECV"),
 ];
 
-/// Asks ring `fd` which operations the kernel supports (`IORING_REGISTER_PROBE`); an error
+/// Asks `ring` which operations the kernel supports (`IORING_REGISTER_PROBE`); an error
 /// names the first missing one, or says that `io_uring_register` itself is refused.
-fn probe_opcodes(fd: libc::c_int) -> Result<(), Unavailable> {
-    const IORING_REGISTER_PROBE: libc::c_uint = 8;
+fn probe_opcodes(ring: &OwnedFd) -> Result<(), Unavailable> {
     const OPS: usize = 64;
     // struct io_uring_probe: last_op u8, ops_len u8, resv u16, resv2 [u32; 3], then OPS
     // entries of struct io_uring_probe_op (op u8, resv u8, flags u16, resv2 u32).
-    let mut probe = [0u8; 16 + OPS * 8];
-    // SAFETY: the buffer holds the header and OPS entries, as nr_args says.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_io_uring_register,
-            fd,
-            IORING_REGISTER_PROBE,
-            probe.as_mut_ptr(),
-            OPS as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        let error = std::io::Error::last_os_error();
+    let mut probe = [0u8; IO_URING_PROBE_HEADER + OPS * IO_URING_PROBE_OP];
+    if let Err(error) = sys::io_uring_register_probe(ring, &mut probe) {
         return Err(Unavailable(format!(
             "io_uring_register failed ({error}): a seccomp profile allows io_uring_setup but \
              not io_uring_register; allow io_uring_setup, io_uring_enter and io_uring_register \
@@ -168,7 +147,8 @@ fn probe_opcodes(fd: libc::c_int) -> Result<(), Unavailable> {
     let ops_len = usize::from(probe[1]).min(OPS);
     for (op, name) in NEEDED_OPS {
         let supported = (0..ops_len).any(|i| {
-            let entry = &probe[16 + i * 8..16 + i * 8 + 8];
+            let at = IO_URING_PROBE_HEADER + i * IO_URING_PROBE_OP;
+            let entry = &probe[at..at + IO_URING_PROBE_OP];
             entry[0] == op && u16::from_ne_bytes([entry[2], entry[3]]) & 1 != 0
         });
         if !supported {

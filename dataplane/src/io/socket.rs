@@ -1,6 +1,7 @@
 //! Socket construction: SO_REUSEPORT listener sockets on the dual-stack wildcard and relay
 //! sockets on the wildcard of one family, plus address canonicalisation for dual-stack sockets.
 
+use super::sys;
 use crate::proto::{Family, RelayRequest};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io;
@@ -125,21 +126,7 @@ fn set_dont_fragment(socket: &Socket, family: Family) -> io::Result<()> {
         ),
         Family::V6 => (libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1),
     };
-    // SAFETY: a valid fd and a c_int option value of the right size.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            level,
-            name,
-            &value as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    sys::set_int_option(socket.as_raw_fd(), level, name, value)
 }
 
 /// The address as a client sees it: IPv4-mapped IPv6 (from a dual-stack socket) becomes IPv4.
@@ -161,38 +148,6 @@ pub fn for_socket(local: SocketAddr, dest: SocketAddr) -> SocketAddr {
             SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
         }
         _ => dest,
-    }
-}
-
-/// One non-blocking `sendto` straight on the socket, bypassing the io_uring submission and
-/// completion round trip: the datagram is copied into the kernel at once, so there is nothing
-/// to wait for. `Ok(None)` when the socket buffer is full; the caller then awaits an
-/// io_uring send instead.
-pub fn try_send_to(
-    fd: std::os::fd::RawFd,
-    data: &[u8],
-    to: SocketAddr,
-) -> io::Result<Option<usize>> {
-    let addr = socket2::SockAddr::from(to);
-    // SAFETY: `data` and `addr` are valid for the call; MSG_DONTWAIT never blocks the shard.
-    let sent = unsafe {
-        libc::sendto(
-            fd,
-            data.as_ptr().cast(),
-            data.len(),
-            libc::MSG_DONTWAIT,
-            addr.as_ptr().cast(),
-            addr.len(),
-        )
-    };
-    if sent >= 0 {
-        return Ok(Some(sent as usize));
-    }
-    let error = io::Error::last_os_error();
-    if error.kind() == io::ErrorKind::WouldBlock {
-        Ok(None)
-    } else {
-        Err(error)
     }
 }
 

@@ -11,6 +11,9 @@ use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 use uturn_shared::framing::{frame_len, padded, FrameError, MAX_FRAME};
 
+use super::driver::Watched;
+use super::sys;
+use super::tls::HANDSHAKE_TIMEOUT;
 use crate::proto::ListenerId;
 
 /// Bytes read from the socket per `recv`.
@@ -31,8 +34,6 @@ pub(super) const SEND_CAPACITY: usize = SEND_LIMIT + MAX_FRAME + TLS_OVERHEAD + 
 /// A send buffer that empties keeps at most this much capacity, so a burst does not hold
 /// memory for the connection's whole life.
 const IDLE_CAPACITY: usize = 16 << 10;
-/// A TLS handshake must finish within this (as stunnerd).
-pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a connection ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,14 +87,13 @@ pub(super) struct Conn<W> {
     pub admission: Option<super::admission::Place>,
     /// Whether the shard has it on its list of connections to flush.
     pub dirty: bool,
-    /// Whether the engine was asked to report it writable.
+    /// Whether the IO backend was asked to report it writable.
     pub want_write: bool,
 }
 
 impl<W> Conn<W> {
     pub fn new(
-        fd: RawFd,
-        watch: W,
+        watched: Watched<W>,
         generation: u16,
         listener: ListenerId,
         metric: usize,
@@ -102,8 +102,8 @@ impl<W> Conn<W> {
     ) -> Conn<W> {
         let now = Instant::now();
         Conn {
-            fd,
-            _watch: watch,
+            fd: watched.fd,
+            _watch: watched.watch,
             generation,
             listener,
             metric,
@@ -124,7 +124,7 @@ impl<W> Conn<W> {
 
     /// Reads what the socket has (at most [`READ_ROUNDS`] chunks, and never more than one
     /// frame's worth of unhandled plaintext), decrypting TLS. `Ok(n)`: bytes read from the
-    /// socket; call [`Conn::next_frame`] until it gives `None`, then read again if `n` was
+    /// socket; call [`Rx::next_frame`] until it gives `None`, then read again if `n` was
     /// large.
     pub fn read(&mut self, scratch: &mut [u8]) -> Result<usize, Closed> {
         let mut total = 0;
@@ -369,55 +369,33 @@ pub(super) const UNAUTHENTICATED_NOTSENT: u32 = 4 << 10;
 /// system default, no limit). Unlike a small `SO_SNDBUF` this can be undone, so an
 /// authenticated connection keeps the kernel's buffer autotuning.
 pub(super) fn set_notsent_lowat(fd: RawFd, bytes: u32) {
-    let value = bytes as libc::c_int;
-    // SAFETY: plain setsockopt with a valid int; failure only leaves the default.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_NOTSENT_LOWAT,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+    // Failure only leaves the default.
+    let _ = sys::set_int_option(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_NOTSENT_LOWAT,
+        bytes as libc::c_int,
+    );
 }
 
 /// One non-blocking `recv`: `Ok(None)` when nothing is waiting.
 fn recv(fd: RawFd, buf: &mut [u8]) -> Result<Option<usize>, Closed> {
-    loop {
-        // SAFETY: `buf` is valid for writes of its length; MSG_DONTWAIT never blocks.
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if n >= 0 {
-            return Ok(Some(n as usize));
-        }
-        match io::Error::last_os_error().kind() {
-            io::ErrorKind::WouldBlock => return Ok(None),
-            io::ErrorKind::Interrupted => continue,
-            _ => return Err(Closed::Error),
-        }
-    }
+    retry(|| sys::recv(fd, buf))
 }
 
 /// One non-blocking `send`: `Ok(None)` when the socket buffer is full.
 fn send(fd: RawFd, data: &[u8]) -> Result<Option<usize>, Closed> {
+    retry(|| sys::send(fd, data))
+}
+
+/// Runs `call` again while a signal interrupts it: `Ok(None)` when the socket would block.
+fn retry(mut call: impl FnMut() -> io::Result<usize>) -> Result<Option<usize>, Closed> {
     loop {
-        // SAFETY: `data` is valid for reads of its length; MSG_NOSIGNAL: a closed peer is an
-        // error, not a signal.
-        let n = unsafe {
-            libc::send(
-                fd,
-                data.as_ptr().cast(),
-                data.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n >= 0 {
-            return Ok(Some(n as usize));
-        }
-        match io::Error::last_os_error().kind() {
-            io::ErrorKind::WouldBlock => return Ok(None),
-            io::ErrorKind::Interrupted => continue,
-            _ => return Err(Closed::Error),
+        match call() {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return Err(Closed::Error),
         }
     }
 }

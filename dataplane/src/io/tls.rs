@@ -7,6 +7,11 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::ServerConfig;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// A TLS or DTLS handshake must finish within this (as stunnerd), or the connection or
+/// session is closed.
+pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The PEM text behind a config's base64 `cert` or `key` (line breaks in the base64 are
 /// ignored, as stunnerd's Go decoder does).

@@ -1,10 +1,12 @@
-//! The io_uring engine: one glommio executor per shard. Each socket has a task that waits for
+//! The io_uring backend: one glommio executor per shard. Each socket has a task that waits for
 //! it to become readable (a one-byte `MSG_PEEK` through the ring, which glommio first tries as
 //! a plain non-blocking call) and then lets the shard drain it with `recvmmsg`. TCP listeners
 //! accept through the ring and hand the shard each connection; a connection's task waits with
 //! a one-byte peek (which also sees end of stream) and lets the shard read it.
 
-use super::shard::{Driver, Interest, Readiness, Shard, ShardSetup, Token, TICK};
+use super::driver::{Driver, Interest, Readiness, Token, Watched, TICK};
+use super::shard::{Shard, ShardSetup};
+use super::sys;
 use crate::proto::ListenerId;
 use glommio::net::{TcpListener, TcpStream, UdpSocket};
 use glommio::{spawn_local, Task};
@@ -36,29 +38,27 @@ impl Driver for Uring {
         socket: Socket,
         token: Token,
         interest: Interest,
-    ) -> io::Result<(RawFd, Watch)> {
+    ) -> io::Result<Watched<Watch>> {
         let fd = socket.as_raw_fd();
         let shard = self.shard.clone();
         // SAFETY (all three): the fd comes from a socket we own and hand over; glommio closes
         // it when its task ends or is dropped.
-        Ok(match (interest, token) {
-            (Interest::Accept, Token::Listener(id, _)) => {
+        let watch = match (interest, token) {
+            (Interest::Accept, Token::Listener { id, .. }) => {
                 let listener = unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) };
-                (
-                    fd,
-                    Watch::Task(spawn_local(accept(shard, listener, fd, id))),
-                )
+                Watch::Task(spawn_local(accept(shard, listener, fd, id)))
             }
             (Interest::Stream, _) => {
                 let stream = unsafe { TcpStream::from_raw_fd(socket.into_raw_fd()) };
                 spawn_local(watch_stream(shard, stream, token)).detach();
-                (fd, Watch::Detached)
+                Watch::Detached
             }
             _ => {
                 let socket = unsafe { UdpSocket::from_raw_fd(socket.into_raw_fd()) };
-                (fd, Watch::Task(spawn_local(watch(shard, socket, token))))
+                Watch::Task(spawn_local(watch(shard, socket, token)))
             }
-        })
+        };
+        Ok(Watched { fd, watch })
     }
 
     fn want_writable(&self, _fd: RawFd, token: Token, on: bool) {
@@ -93,12 +93,15 @@ async fn lock(shard: &RefCell<Shard<Uring>>) -> std::cell::RefMut<'_, Shard<Urin
         if let Ok(s) = shard.try_borrow_mut() {
             return s;
         }
-        YieldNow(false).await;
+        YieldNow { yielded: false }.await;
     }
 }
 
 /// Lets every other ready task run once.
-struct YieldNow(bool);
+struct YieldNow {
+    /// Whether it has already let the others run (then it is done).
+    yielded: bool,
+}
 
 impl std::future::Future for YieldNow {
     type Output = ();
@@ -107,10 +110,10 @@ impl std::future::Future for YieldNow {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<()> {
-        if self.0 {
+        if self.yielded {
             return std::task::Poll::Ready(());
         }
-        self.0 = true;
+        self.yielded = true;
         cx.waker().wake_by_ref();
         std::task::Poll::Pending
     }
@@ -142,14 +145,11 @@ async fn accept(
         };
         // glommio's stream cannot give its fd up: the shard gets a duplicate, and glommio's
         // copy is closed (the connection stays open through the duplicate).
-        // SAFETY: plain syscall on an open fd; the result is checked.
-        let fd = unsafe { libc::fcntl(stream.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        let duplicate = sys::duplicate(stream.as_raw_fd());
         drop(stream);
-        if fd < 0 {
+        let Ok(socket) = duplicate else {
             continue;
-        }
-        // SAFETY: a new fd that nothing else owns.
-        let socket = unsafe { Socket::from_raw_fd(fd) };
+        };
         let Some(shard) = shard.upgrade() else {
             return;
         };

@@ -15,7 +15,7 @@ use uturn_control::origin::{load_once, ConfigOrigin};
 use uturn_control::{Control, ControlConfig, Source};
 use uturn_dataplane::io::check::{check_config, check_tls_material, SharedPorts};
 use uturn_dataplane::io::{
-    select_engine, usable_cpus, Dataplane, DataplaneConfig, EngineChoice, IoEngine,
+    select_backend, usable_cpus, BackendChoice, Dataplane, DataplaneConfig, IoBackend,
 };
 use uturn_shared::config::StunnerConfig;
 use uturn_shared::snapshot::Snapshot;
@@ -130,11 +130,11 @@ enum IoBackendFlag {
 
 impl IoBackendFlag {
     /// The dataplane's selection request for this flag value.
-    fn choice(self) -> EngineChoice {
+    fn choice(self) -> BackendChoice {
         match self {
-            IoBackendFlag::Auto => EngineChoice::Auto,
-            IoBackendFlag::Uring => EngineChoice::Uring,
-            IoBackendFlag::Epoll => EngineChoice::Epoll,
+            IoBackendFlag::Auto => BackendChoice::Auto,
+            IoBackendFlag::Uring => BackendChoice::Uring,
+            IoBackendFlag::Epoll => BackendChoice::Epoll,
         }
     }
 }
@@ -380,10 +380,10 @@ fn main() -> ExitCode {
         .unwrap_or_else(usable_cpus);
     let mut nonce_key = [0u8; 32];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce_key);
-    let engine = match select_engine(cli.io_engine.choice()) {
-        Ok((engine, why)) => {
-            tracing::info!(target: "stunnerd", "io engine: {engine} ({why})");
-            engine
+    let backend = match select_backend(cli.io_engine.choice()) {
+        Ok((backend, why)) => {
+            tracing::info!(target: "stunnerd", "io engine: {backend} ({why})");
+            backend
         }
         Err(why) => {
             tracing::error!(target: "stunnerd", "cannot use --io-engine uring: {why}");
@@ -394,9 +394,9 @@ fn main() -> ExitCode {
         target: "stunnerd",
         "dataplane: {} shard(s) on {}, {} UDP socket(s) per TURN-UDP listener",
         shards,
-        match engine {
-            IoEngine::Uring => "io_uring (glommio)",
-            IoEngine::Epoll => "epoll",
+        match backend {
+            IoBackend::Uring => "io_uring (glommio)",
+            IoBackend::Epoll => "epoll",
         },
         cli.udp_thread_num.max(1)
     );
@@ -405,7 +405,7 @@ fn main() -> ExitCode {
         udp_thread_num: cli.udp_thread_num,
         snapshot: snapshot.clone(),
         nonce_key,
-        engine,
+        backend,
         limits: uturn_dataplane::proto::Limits {
             challenge_rate: cli.challenge_rate,
             challenge_burst: cli.challenge_burst,

@@ -37,7 +37,7 @@ struct Cli {
     #[arg(long, default_value = "target/release/turnperf")]
     turnperf: PathBuf,
     /// Seconds of load.
-    #[arg(short, long, default_value_t = 600)]
+    #[arg(short, long, default_value_t = 900)]
     duration: u64,
     /// Where the samples, logs and result table go.
     #[arg(long, default_value = "target/soak")]
@@ -152,8 +152,8 @@ fn run(cli: &Cli) -> Result<bool, String> {
 
     // Live relays: they start first and end last, so churn and hostile load run beside them.
     let secs = cli.duration.saturating_sub(20).max(10);
-    let udp = turnperf(cli, ports.udp, "udp", 32, secs);
-    let tcp = turnperf(cli, ports.tcp, "tcp", 16, secs);
+    let udp = turnperf_segments(cli, ports.udp, "udp", 32, secs);
+    let tcp = turnperf_segments(cli, ports.tcp, "tcp", 16, secs);
     let messages = (secs.saturating_sub(30).max(5) * RATE).to_string();
     let tls = uclient(
         &[
@@ -237,8 +237,16 @@ fn run(cli: &Cli) -> Result<bool, String> {
         let _ = w.join();
     }
     let relays = [
-        ("UDP", "turnperf, 32 allocations", finish_turnperf(udp)),
-        ("TCP", "turnperf, 16 allocations", finish_turnperf(tcp)),
+        (
+            "UDP",
+            "turnperf, 32 allocations",
+            udp.join().unwrap_or((0, 0, Some("panicked".into()))),
+        ),
+        (
+            "TCP",
+            "turnperf, 16 allocations",
+            tcp.join().unwrap_or((0, 0, Some("panicked".into()))),
+        ),
         ("TLS", "turnutils_uclient, 4 clients", finish_uclient(tls)),
         ("DTLS", "turnutils_uclient, 4 clients", finish_uclient(dtls)),
     ];
@@ -350,6 +358,38 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     s.read_to_string(&mut text).ok()?;
     text.split_once("\r\n\r\n")
         .map(|(_, body)| body.to_string())
+}
+
+/// turnperf never refreshes its allocations, so a live relay longer than their 600 s lifetime
+/// runs as back-to-back turnperf runs of at most [`SEGMENT`] seconds, their counts summed.
+fn turnperf_segments(
+    cli: &Cli,
+    port: u16,
+    transport: &'static str,
+    allocations: usize,
+    secs: u64,
+) -> std::thread::JoinHandle<Relay> {
+    const SEGMENT: u64 = 300;
+    let (turnperf_bin, duration) = (cli.turnperf.clone(), cli.duration);
+    std::thread::spawn(move || {
+        let cli = Cli {
+            stunnerd: PathBuf::new(),
+            turnperf: turnperf_bin,
+            duration,
+            out: PathBuf::new(),
+        };
+        let (mut sent, mut received, mut problem) = (0, 0, None);
+        let mut left = secs;
+        while left > 0 && problem.is_none() {
+            let run = left.min(SEGMENT);
+            left -= run;
+            let (s, r, p) = finish_turnperf(turnperf(&cli, port, transport, allocations, run));
+            sent += s;
+            received += r;
+            problem = p;
+        }
+        (sent, received, problem)
+    })
 }
 
 fn turnperf(cli: &Cli, port: u16, transport: &str, allocations: usize, secs: u64) -> Proc {

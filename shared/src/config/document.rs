@@ -398,10 +398,6 @@ fn auth_from(
     if let Some(creds) = section.section("credentials")? {
         // A map, not a struct: keys match exactly.
         for (key, value) in creds.map {
-            if let Some(literal) = literal_credentials.and_then(|lit| lit.get(key)) {
-                credentials.insert(key.clone(), literal.clone());
-                continue;
-            }
             let value = match value {
                 Value::String(s) => s.clone(),
                 Value::Null => String::new(),
@@ -417,10 +413,10 @@ fn auth_from(
             credentials.insert(key.clone(), value);
         }
     }
+    // Taken literally, keys and values alike: substitution inside a key must not add a
+    // second entry beside the literal one (the JSON written back would not read the same).
     if let Some(literal) = literal_credentials {
-        for (key, value) in literal {
-            credentials.insert(key.clone(), value.clone());
-        }
+        credentials = literal.clone();
     }
     Ok(AuthConfig {
         auth_type,

@@ -1,0 +1,157 @@
+//! Starting and stopping the dataplane: one thread per shard, run by the chosen IO backend and
+//! placed on a CPU as [`super::placement`] says, sharing what must be shared across shards
+//! (the allocation ledger, the datagram listener groups, the stream admission caps).
+
+use super::metrics::ShardStats;
+use super::placement::{allowed_cpus, shard_placement};
+use super::{admission, epoll, groups, shard, sys, uring, IoBackend};
+use arc_swap::ArcSwap;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use uturn_shared::snapshot::Snapshot;
+
+/// How to run the dataplane.
+#[derive(Clone)]
+pub struct DataplaneConfig {
+    /// Number of shards (executor threads). See [`super::usable_cpus`].
+    pub shards: usize,
+    /// `--udp-thread-num`: SO_REUSEPORT sockets per TURN-UDP listener (0 means one), spread
+    /// over the shards.
+    pub udp_thread_num: usize,
+    /// The running config, republished by the control thread.
+    pub snapshot: Arc<ArcSwap<Snapshot>>,
+    /// Secret for stateless nonces, shared by all shards.
+    pub nonce_key: [u8; 32],
+    /// What waits for the sockets: io_uring or epoll (see [`super::select_backend`]).
+    pub backend: IoBackend,
+    /// Quotas and rate limits set by flags.
+    pub limits: crate::proto::Limits,
+    /// Caps on TCP/TLS connections that have not authenticated.
+    pub stream_limits: admission::StreamLimits,
+}
+
+/// A running dataplane: its shards and their published counters.
+pub struct Dataplane {
+    threads: Vec<ShardThread>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<Vec<ShardStats>>,
+}
+
+impl Dataplane {
+    /// Starts `config.shards` shards. Listeners open on each shard's first tick.
+    pub fn start(config: DataplaneConfig) -> io::Result<Dataplane> {
+        let shards = config.shards.max(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats: Arc<Vec<ShardStats>> =
+            Arc::new((0..shards).map(|_| ShardStats::default()).collect());
+        let epoch = Instant::now();
+        let epoch_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut threads = Vec::with_capacity(shards);
+        let placement = shard_placement(shards, &allowed_cpus());
+        // One ledger for all shards: a user's quota counts allocations on every shard.
+        let ledger = Arc::new(crate::proto::AllocationLedger::new());
+        let groups = Arc::new(groups::ListenerGroups::new(shards, config.udp_thread_num));
+        let admission = Arc::new(admission::StreamAdmission::new(config.stream_limits));
+        for (index, &cpu) in placement.iter().enumerate() {
+            match cpu {
+                Some(cpu) => tracing::info!(target: "stunnerd", "shard {index} on CPU {cpu}"),
+                None if index == 0 => tracing::info!(
+                    target: "stunnerd",
+                    "shards not pinned: {} CPU(s) allowed for {shards} shard(s) (a shared CPU pool)",
+                    allowed_cpus().len()
+                ),
+                None => {}
+            }
+            let shard = shard::ShardSetup {
+                index,
+                snapshot: config.snapshot.clone(),
+                engine: crate::proto::EngineConfig {
+                    epoch,
+                    epoch_unix,
+                    nonce_key: config.nonce_key,
+                    limits: config.limits,
+                    ledger: ledger.clone(),
+                },
+                stop: stop.clone(),
+                stats: stats.clone(),
+                groups: groups.clone(),
+                admission: admission.clone(),
+            };
+            let name = format!("uturn-shard-{index}");
+            let cannot = |e: &dyn std::fmt::Display| {
+                io::Error::other(format!("cannot start shard {index}: {e}"))
+            };
+            let thread = match config.backend {
+                IoBackend::Uring => glommio::LocalExecutorBuilder::new(match cpu {
+                    Some(cpu) => glommio::Placement::Fixed(cpu),
+                    None => glommio::Placement::Unbound,
+                })
+                    .name(&name)
+                    // glommio registers io_memory as fixed buffers on three rings; keep it well
+                    // under RLIMIT_MEMLOCK/4 (8 MiB on most container runtimes).
+                    .io_memory(512 << 10)
+                    .spawn(move || uring::run(shard))
+                    .map(ShardThread::Uring)
+                    .map_err(|e| cannot(&e))?,
+                IoBackend::Epoll => std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || {
+                        if let Some(cpu) = cpu {
+                            if let Err(e) = sys::set_cpu_affinity(cpu) {
+                                tracing::warn!(target: "stunnerd", "shard {index} not pinned to CPU {cpu}: {e}");
+                            }
+                        }
+                        if let Err(e) = epoll::run(shard) {
+                            tracing::error!(target: "stunner", "shard {index} stopped: {e}");
+                        }
+                    })
+                    .map(ShardThread::Epoll)
+                    .map_err(|e| cannot(&e))?,
+            };
+            threads.push(thread);
+        }
+        Ok(Dataplane {
+            threads,
+            stop,
+            stats,
+        })
+    }
+
+    /// Live allocations over all shards.
+    pub fn allocation_count(&self) -> u64 {
+        self.stats
+            .iter()
+            .map(|s| s.allocations.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// A shareable handle on the counters.
+    pub fn stats_handle(&self) -> Arc<Vec<ShardStats>> {
+        self.stats.clone()
+    }
+
+    /// Stops every shard (closing all sockets) and waits for them.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads {
+            match thread {
+                ShardThread::Uring(handle) => {
+                    let _ = handle.join();
+                }
+                ShardThread::Epoll(handle) => {
+                    let _ = handle.join();
+                }
+            }
+        }
+    }
+}
+
+enum ShardThread {
+    Uring(glommio::ExecutorJoinHandle<()>),
+    Epoll(std::thread::JoinHandle<()>),
+}

@@ -1,0 +1,138 @@
+//! A shard's own counters: plain integers bumped on the packet path, published once per tick
+//! into its [`ShardStats`] for the scrape to sum.
+
+use super::conns::ConnTable;
+use super::listeners::Listeners;
+use crate::io::metrics::{CountersByName, ShardReport, ShardStats};
+use crate::proto::{DropReason, Engine};
+use std::io;
+use std::sync::atomic::Ordering;
+use uturn_shared::snapshot::{ClusterId, Snapshot};
+
+/// The tag of a relayed datagram whose cluster has no counter slot.
+pub(super) const NO_SLOT: usize = usize::MAX;
+
+/// What a shard counts besides what its engine counts.
+#[derive(Default)]
+pub(super) struct Counters {
+    pub listener_rx_packets: u64,
+    pub relayed_to_peer: u64,
+    pub relayed_to_client: u64,
+    /// Input dropped before the engine saw it, counted as malformed: datagrams too big to be
+    /// whole, stream bytes that are not TURN frames, DTLS sessions that did not start with a
+    /// handshake record (or found the shard's session table full).
+    pub unparsed: u64,
+    /// Datagrams the kernel would not take (full socket buffer or an error).
+    pub send_failed: u64,
+    /// TCP/TLS connections closed at accept, by [`crate::io::admission::Refused`] (per
+    /// address, total).
+    pub refused_connections: [u64; 2],
+    pub listeners: CountersByName,
+    pub clusters: CountersByName,
+    /// `ClusterId` → slot in `clusters`, for the snapshot generation `cluster_generation`.
+    cluster_slots: Vec<usize>,
+    cluster_generation: Option<u64>,
+}
+
+impl Counters {
+    /// The counter slot of cluster `id` of `snap`.
+    pub fn cluster(&mut self, snap: &Snapshot, id: ClusterId) -> Option<usize> {
+        if self.cluster_generation != Some(snap.generation) {
+            self.cluster_generation = Some(snap.generation);
+            let clusters = &mut self.clusters;
+            self.cluster_slots = snap
+                .clusters
+                .iter()
+                .map(|c| clusters.slot(&c.name))
+                .collect();
+        }
+        self.cluster_slots.get(id).copied()
+    }
+
+    /// Counts a datagram sent (or not) to a client through listener counter slot `metric`.
+    pub fn sent_to_client(&mut self, metric: usize, outcome: io::Result<usize>) {
+        if let Some(n) = self.sent(outcome.map(Some)) {
+            self.listeners.traffic[metric].tx(n);
+        }
+    }
+
+    /// Counts a datagram relayed (or not) to a peer of cluster counter slot `cluster`.
+    pub fn sent_to_peer(&mut self, cluster: usize, outcome: io::Result<usize>) {
+        if let (Some(n), Some(traffic)) = (
+            self.sent(outcome.map(Some)),
+            self.clusters.traffic.get_mut(cluster),
+        ) {
+            traffic.tx(n);
+        }
+    }
+
+    /// Counts the outcome of one send.
+    pub fn sent(&mut self, outcome: io::Result<Option<usize>>) -> Option<usize> {
+        match outcome {
+            Ok(Some(n)) => Some(n),
+            Ok(None) => {
+                self.send_failed += 1;
+                None
+            }
+            Err(e) => {
+                self.send_failed += 1;
+                tracing::debug!(target: "stunner", "send failed: {e}");
+                None
+            }
+        }
+    }
+
+    /// Publishes these counters, with `engine`'s and what the listeners and connections hold
+    /// open now, into `stats`.
+    pub fn publish<W>(
+        &self,
+        stats: &ShardStats,
+        engine: &Engine,
+        listeners: &Listeners<W>,
+        conns: &ConnTable<W>,
+    ) {
+        let engine_stats = engine.stats();
+        let dropped: u64 = engine_stats.dropped.iter().sum();
+        stats
+            .allocations
+            .store(engine.allocation_count() as u64, Ordering::Relaxed);
+        stats
+            .allocations_created
+            .store(engine_stats.allocations_created, Ordering::Relaxed);
+        stats.dropped.store(dropped, Ordering::Relaxed);
+        stats.malformed.store(
+            engine_stats.dropped[DropReason::Malformed.index()],
+            Ordering::Relaxed,
+        );
+        stats
+            .listener_rx_packets
+            .store(self.listener_rx_packets, Ordering::Relaxed);
+        stats
+            .relayed_to_peer
+            .store(self.relayed_to_peer, Ordering::Relaxed);
+        stats
+            .relayed_to_client
+            .store(self.relayed_to_client, Ordering::Relaxed);
+        let mut report = ShardReport {
+            listeners: self.listeners.clone(),
+            clusters: self.clusters.clone(),
+            dropped: engine_stats.dropped,
+            auth_failed: engine_stats.auth_failures,
+            quota_refused: engine_stats.quota_refusals,
+            send_failed: self.send_failed,
+            refused_connections: self.refused_connections,
+            stream_buffer_bytes: conns.buffered_bytes(),
+            unauthenticated_connections: conns.unauthenticated(),
+        };
+        report.dropped[DropReason::Malformed.index()] += self.unparsed;
+        for open in report.listeners.open.iter_mut() {
+            *open = 0;
+        }
+        // stunnerd counts a UDP socket, a TCP/TLS connection and a DTLS session alike.
+        listeners.count_open(&mut report.listeners.open);
+        conns.count_open(&mut report.listeners.open);
+        if let Ok(mut published) = stats.report.lock() {
+            *published = report;
+        }
+    }
+}

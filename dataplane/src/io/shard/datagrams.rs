@@ -1,0 +1,183 @@
+//! The datagram side of a shard: the receive batches and send queues that move UDP with
+//! batched syscalls, the listener socket a datagram came in on, and the session table of a
+//! TURN-DTLS listener, which turns a client's records into TURN messages and back
+//! ([`crate::io::dtls`] does the DTLS itself).
+
+use super::counters::Counters;
+use crate::io::batch::{RecvBatch, SendQueue, MAX_UDP_PAYLOAD};
+use crate::io::dtls::{Admission, Gate, Session};
+use crate::io::socket::for_socket;
+use crate::io::sys::try_send_to;
+use crate::proto::{Engine, ListenerId, PEER_HEADROOM};
+use foldhash::fast::RandomState;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::time::Instant;
+
+/// DTLS sessions one listener holds at most on a shard (a new client beyond it is ignored
+/// until some end).
+const MAX_DTLS_SESSIONS: usize = 16 << 10;
+
+/// The buffers a shard moves datagrams with, allocated once.
+pub(super) struct Datagrams {
+    /// Lent out while a batch is handled (so the shard can be borrowed alongside it): one for
+    /// listener sockets, one with room for the largest datagrams for relay sockets.
+    pub listener_batch: Option<Box<RecvBatch>>,
+    pub relay_batch: Option<Box<RecvBatch>>,
+    /// Relayed client datagrams, tagged with their cluster's counter slot (or
+    /// [`super::counters::NO_SLOT`]): a run of datagrams for one relay socket (a video frame,
+    /// say) leaves in one `sendmmsg`.
+    pub to_peers: SendQueue,
+    /// Datagrams for clients, tagged with their listener's counter slot.
+    pub to_clients: SendQueue,
+}
+
+impl Datagrams {
+    /// Empty queues and batches with room for a header in front of each datagram.
+    pub fn new() -> Datagrams {
+        Datagrams {
+            listener_batch: Some(Box::new(RecvBatch::new(PEER_HEADROOM))),
+            relay_batch: Some(Box::new(RecvBatch::with_room(
+                PEER_HEADROOM,
+                MAX_UDP_PAYLOAD,
+            ))),
+            to_peers: SendQueue::new(),
+            to_clients: SendQueue::new(),
+        }
+    }
+
+    /// Sends the datagrams queued for peers.
+    pub fn flush_to_peers(&mut self, counters: &mut Counters) {
+        if !self.to_peers.is_empty() {
+            self.to_peers
+                .flush(&mut |cluster, outcome| counters.sent_to_peer(cluster, outcome));
+        }
+    }
+
+    /// Sends the datagrams queued for clients.
+    pub fn flush_to_clients(&mut self, counters: &mut Counters) {
+        if !self.to_clients.is_empty() {
+            self.to_clients
+                .flush(&mut |metric, outcome| counters.sent_to_client(metric, outcome));
+        }
+    }
+}
+
+/// A UDP listener socket being drained or sent from, looked up once per readiness report
+/// rather than per datagram.
+#[derive(Clone, Copy)]
+pub(super) struct DatagramSocket {
+    pub id: ListenerId,
+    pub fd: RawFd,
+    /// Listener counter slot.
+    pub metric: usize,
+    pub local: SocketAddr,
+    /// TURN-DTLS: datagrams are records of per-client sessions.
+    pub dtls: bool,
+}
+
+impl DatagramSocket {
+    /// Sends `datagram` to `client` at once (no queue), counted.
+    pub fn send_to(&self, client: SocketAddr, datagram: &[u8], counters: &mut Counters) {
+        let outcome = try_send_to(self.fd, datagram, for_socket(self.local, client));
+        if let Some(n) = counters.sent(outcome) {
+            counters.listeners.traffic[self.metric].tx(n);
+        }
+    }
+}
+
+/// A TURN-DTLS listener's sessions, one per client address, and the gate that admits new
+/// ones.
+pub(super) struct DtlsListener {
+    gate: Gate,
+    sessions: HashMap<SocketAddr, Session, RandomState>,
+}
+
+impl DtlsListener {
+    /// A listener with no sessions yet.
+    pub fn new(gate: Gate) -> DtlsListener {
+        DtlsListener {
+            gate,
+            sessions: HashMap::with_hasher(RandomState::default()),
+        }
+    }
+
+    /// Sessions held.
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// The session a datagram `data` from `from` (on `socket`) is for, taken out of the table
+    /// while it is used so that the shard can be borrowed beside it (give it back with
+    /// [`DtlsListener::restore`]), with what to hand it: `data`, or nothing for a session the
+    /// datagram just started. `None` if the datagram starts no session.
+    pub fn take_session<'a>(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        data: &'a [u8],
+        socket: &DatagramSocket,
+        counters: &mut Counters,
+    ) -> Option<(Session, &'a [u8])> {
+        if let Some(session) = self.sessions.remove(&from) {
+            return Some((session, data));
+        }
+        // Only a handshake record (content type 22) may start a session.
+        if data.first() != Some(&22) || self.sessions.len() >= MAX_DTLS_SESSIONS {
+            counters.unparsed += 1;
+            return None;
+        }
+        // RFC 6347 §4.2.1: a session only for a ClientHello that echoes our cookie; the
+        // HelloVerifyRequest is smaller than the ClientHello, so no amplification either.
+        let admission = self.gate.admit(now, from, data, |datagram| {
+            socket.send_to(from, datagram, counters)
+        });
+        match admission {
+            Admission::Session(session) => {
+                counters.listeners.opened[socket.metric] += 1;
+                // OpenSSL holds the ClientHello: go on with no new datagram.
+                Some((session, &[]))
+            }
+            Admission::Nothing => None,
+        }
+    }
+
+    /// Puts back the session of `client` that [`DtlsListener::take_session`] lent.
+    pub fn restore(&mut self, client: SocketAddr, session: Session) {
+        self.sessions.insert(client, session);
+    }
+
+    /// Encrypts `data` for `client` and sends it from `socket`.
+    pub fn send_to_client(
+        &mut self,
+        client: SocketAddr,
+        data: &[u8],
+        socket: &DatagramSocket,
+        counters: &mut Counters,
+    ) {
+        let Some(session) = self.sessions.get_mut(&client) else {
+            counters.send_failed += 1;
+            return;
+        };
+        if !session.send(data) {
+            counters.send_failed += 1;
+        }
+        session.drain(|datagram| socket.send_to(client, datagram, counters));
+    }
+
+    /// Ends the sessions (of listener `id`) whose handshake stalled or that went quiet
+    /// without an allocation, and their clients' allocations in `engine`.
+    pub fn sweep(&mut self, now: Instant, id: ListenerId, engine: &mut Engine) {
+        self.sessions.retain(|client, session| {
+            let stalled = session.handshake_deadline.is_some_and(|d| d <= now);
+            let idle = now.saturating_duration_since(session.last_rx)
+                >= super::IDLE_WITHOUT_ALLOCATION
+                && !engine.has_allocation(id, *client);
+            if stalled || idle {
+                engine.close_client(id, *client);
+            }
+            !(stalled || idle)
+        });
+    }
+}

@@ -1,0 +1,243 @@
+//! The raw system calls of the IO shell, each behind a safe function with its SAFETY argument,
+//! so that the shard, its drivers, the launcher and the probe hold no `unsafe`. Only the
+//! datagram batching layer ([`super::batch`]) keeps its own (`recvmmsg`, `sendmmsg` and the
+//! `msghdr`s they need). Errors come back as `io::Error`s; what `EAGAIN` means is the caller's
+//! business.
+
+use socket2::Socket;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The result of a call that returns `-1` and sets `errno` on failure.
+fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// The result of a call that returns a length, or `-1` and sets `errno`.
+fn check_len(n: isize) -> io::Result<usize> {
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Accepts a connection on listening socket `listener`: a new non-blocking, close-on-exec
+/// socket.
+pub(super) fn accept(listener: RawFd) -> io::Result<Socket> {
+    // SAFETY: plain syscall on a listening socket; no address is asked for.
+    let fd = check(unsafe {
+        libc::accept4(
+            listener,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+    })?;
+    // SAFETY: accept4 returned a new fd that nothing else owns.
+    Ok(unsafe { Socket::from_raw_fd(fd) })
+}
+
+/// Accepts one connection waiting on `listener` and closes it at once. `false` if none could
+/// be accepted.
+pub(super) fn accept_and_close(listener: RawFd) -> bool {
+    // SAFETY: plain syscall on a listening socket; no address is asked for.
+    let fd = unsafe {
+        libc::accept4(
+            listener,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: a new fd that nothing else owns; dropping it closes it.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    true
+}
+
+/// Shuts both directions of connection `fd` down, which wakes whatever waits on it; the fd
+/// stays open.
+pub(super) fn shutdown(fd: RawFd) {
+    // SAFETY: plain syscall on an fd; a closed one only gives EBADF, which nothing needs.
+    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+}
+
+/// A duplicate of `fd` (close-on-exec) as a socket of its own.
+pub(super) fn duplicate(fd: RawFd) -> io::Result<Socket> {
+    // SAFETY: plain syscall on an open fd; the result is checked.
+    let copy = check(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })?;
+    // SAFETY: a new fd that nothing else owns.
+    Ok(unsafe { Socket::from_raw_fd(copy) })
+}
+
+/// One non-blocking `sendto` straight on the socket, bypassing the io_uring submission and
+/// completion round trip: the datagram is copied into the kernel at once, so there is nothing
+/// to wait for. `Ok(None)` when the socket buffer is full.
+pub(super) fn try_send_to(fd: RawFd, data: &[u8], to: SocketAddr) -> io::Result<Option<usize>> {
+    let addr = socket2::SockAddr::from(to);
+    // SAFETY: `data` and `addr` are valid for the call; MSG_DONTWAIT never blocks the shard.
+    let sent = check_len(unsafe {
+        libc::sendto(
+            fd,
+            data.as_ptr().cast(),
+            data.len(),
+            libc::MSG_DONTWAIT,
+            addr.as_ptr().cast(),
+            addr.len(),
+        )
+    });
+    match sent {
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// One non-blocking `recv` on stream `fd`.
+pub(super) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of its length; MSG_DONTWAIT never blocks.
+    check_len(unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) })
+}
+
+/// One non-blocking `send` on stream `fd`; a closed peer is an error, not a SIGPIPE.
+pub(super) fn send(fd: RawFd, data: &[u8]) -> io::Result<usize> {
+    // SAFETY: `data` is valid for reads of its length.
+    check_len(unsafe {
+        libc::send(
+            fd,
+            data.as_ptr().cast(),
+            data.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    })
+}
+
+/// Sets the `int` socket option `level`/`name` of `fd` to `value`.
+pub(super) fn set_int_option(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: a c_int option value of the right size, valid for the call.
+    check(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
+}
+
+/// The CPUs the calling thread may run on (`sched_getaffinity`).
+pub(super) fn cpu_affinity() -> io::Result<Vec<usize>> {
+    // SAFETY: an all-zero cpu_set_t is empty; the call fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is valid for writes of its size.
+    check(unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) })?;
+    Ok((0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `cpu` is below CPU_SETSIZE.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect())
+}
+
+/// Restricts the calling thread to `cpu` (`sched_setaffinity`).
+pub(super) fn set_cpu_affinity(cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::other(format!("CPU {cpu} out of range")));
+    }
+    // SAFETY: an all-zero cpu_set_t is empty; CPU_SET stays within it for cpu < CPU_SETSIZE.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is valid for reads of its size.
+    check(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) })
+        .map(drop)
+}
+
+/// An epoll instance (closed on drop).
+pub(super) struct EpollFd(OwnedFd);
+
+impl EpollFd {
+    /// A new, close-on-exec epoll instance.
+    pub fn new() -> io::Result<EpollFd> {
+        // SAFETY: plain syscall; the result is checked.
+        let fd = check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        // SAFETY: a new fd that nothing else owns.
+        Ok(EpollFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// `epoll_ctl(op)` for `fd`, reporting `events` with `data`.
+    pub fn control(&self, op: libc::c_int, fd: RawFd, events: u32, data: u64) -> io::Result<()> {
+        let mut event = libc::epoll_event { events, u64: data };
+        // SAFETY: both fds are open; `event` is valid for the call.
+        check(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut event) }).map(drop)
+    }
+
+    /// Waits up to `timeout_ms` for events, filling the start of `events`; returns how many.
+    pub fn wait(&self, events: &mut [libc::epoll_event], timeout_ms: i32) -> io::Result<usize> {
+        let room = events.len().min(i32::MAX as usize) as i32;
+        // SAFETY: `events` has room for `room` entries.
+        let n = check(unsafe {
+            libc::epoll_wait(self.0.as_raw_fd(), events.as_mut_ptr(), room, timeout_ms)
+        })?;
+        Ok(n as usize)
+    }
+}
+
+/// RLIMIT_MEMLOCK's soft limit in bytes; `None` when unlimited or unknown.
+pub(super) fn memlock_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is valid for the call.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
+    (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
+}
+
+/// A new io_uring with `entries` entries and default parameters (closed on drop).
+pub(super) fn io_uring_setup(entries: u32) -> io::Result<OwnedFd> {
+    // struct io_uring_params is 120 bytes; all-zero asks for defaults.
+    let mut params = [0u8; 120];
+    // SAFETY: io_uring_setup(entries, params) with a zeroed params buffer of the right size.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, entries, params.as_mut_ptr()) };
+    let fd = check(fd as libc::c_int)?;
+    // SAFETY: a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Size of `struct io_uring_probe` without its entries; each `struct io_uring_probe_op` after
+/// it takes [`IO_URING_PROBE_OP`] bytes.
+pub(super) const IO_URING_PROBE_HEADER: usize = 16;
+/// Size of one `struct io_uring_probe_op`.
+pub(super) const IO_URING_PROBE_OP: usize = 8;
+
+/// `IORING_REGISTER_PROBE` on `ring`: fills `probe` (a `struct io_uring_probe` with as many
+/// entries as fit) with the operations the kernel supports.
+pub(super) fn io_uring_register_probe(ring: &OwnedFd, probe: &mut [u8]) -> io::Result<()> {
+    const IORING_REGISTER_PROBE: libc::c_uint = 8;
+    let entries = probe.len().saturating_sub(IO_URING_PROBE_HEADER) / IO_URING_PROBE_OP;
+    // SAFETY: the buffer holds the header and `entries` entries, as nr_args says.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_register,
+            ring.as_raw_fd(),
+            IORING_REGISTER_PROBE,
+            probe.as_mut_ptr(),
+            entries as libc::c_uint,
+        )
+    };
+    check(rc as libc::c_int).map(drop)
+}
