@@ -42,10 +42,6 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use uturn_shared::config::StunnerConfig;
 use uturn_shared::snapshot::SnapshotHandle;
 
-/// The default health-check port (`http://:8086`).
-pub const DEFAULT_HEALTHCHECK_PORT: u16 = 8086;
-/// The default metrics port (`http://:8080/metrics`).
-pub const DEFAULT_METRICS_PORT: u16 = 8080;
 /// The default of `--discovery-timeout`: how long `/ready` waits for the first EndpointSlice
 /// list of each watched Service. A healthy API server lists in well under a second, and the
 /// kube-rs watcher retries a failed list within about a second, so 10 s rides out a few

@@ -11,27 +11,36 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+/// The address a dual-stack socket means by `ip`: IPv4-mapped IPv6 (`::ffff:a.b.c.d`, which
+/// such a socket reports for an IPv4 peer and sends as IPv4) becomes that IPv4 address; every
+/// other address is itself. The one form the wire and the sockets treat as IPv4; the policy
+/// reduces more ([`canonical_peer`]).
+pub fn unmapped_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V4(_) => ip,
+    }
+}
+
 /// The address a peer IP really designates: IPv4-mapped (`::ffff:a.b.c.d`, sent as IPv4 by a
-/// dual-stack socket), IPv4-compatible (`::a.b.c.d`, except `::` and `::1`) and NAT64
-/// (`64:ff9b::/96`, translated to it) forms become that IPv4 address. 6to4 and Teredo stay
-/// IPv6: see [`tunnel_ipv4`].
+/// dual-stack socket; [`unmapped_ip`]), IPv4-compatible (`::a.b.c.d`, except `::` and `::1`)
+/// and NAT64 (`64:ff9b::/96`, translated to it) forms become that IPv4 address. 6to4 and
+/// Teredo stay IPv6: see [`tunnel_ipv4`].
 pub fn canonical_peer(ip: IpAddr) -> IpAddr {
+    let ip = unmapped_ip(ip);
     let IpAddr::V6(v6) = ip else {
         return ip;
     };
     let s = v6.segments();
     let o = v6.octets();
     let last32 = Ipv4Addr::new(o[12], o[13], o[14], o[15]);
-    if let Some(v4) = v6.to_ipv4_mapped() {
-        return IpAddr::V4(v4);
-    }
     if s[..6] == [0; 6] && !(v6.is_unspecified() || v6.is_loopback()) {
         return IpAddr::V4(last32);
     }
     if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0; 4] {
         return IpAddr::V4(last32);
     }
-    IpAddr::V6(v6)
+    ip
 }
 
 /// The IPv4 address a 6to4 (`2002::/16`, the site's border router) or Teredo (`2001::/32`, the
@@ -192,6 +201,21 @@ mod tests {
             ("10.1.2.3", "10.1.2.3"),
         ] {
             assert_eq!(canonical_peer(ip(v6)), ip(v4), "{v6}");
+        }
+    }
+
+    #[test]
+    fn only_the_mapped_form_is_unmapped() {
+        for (v6, unmapped) in [
+            ("::ffff:127.0.0.1", "127.0.0.1"),
+            ("::ffff:10.1.2.3", "10.1.2.3"),
+            ("::127.0.0.1", "::127.0.0.1"),
+            ("64:ff9b::a9fe:a9fe", "64:ff9b::a9fe:a9fe"),
+            ("::", "::"),
+            ("2001:db8::1", "2001:db8::1"),
+            ("10.1.2.3", "10.1.2.3"),
+        ] {
+            assert_eq!(unmapped_ip(ip(v6)), ip(unmapped), "{v6}");
         }
     }
 

@@ -117,7 +117,7 @@ fn tls_digest(cert: &str, key: &str) -> u64 {
 
 /// An endpoint admitting exactly `ip`, on ports `port_min..=port_max`.
 pub fn host_endpoint(ip: IpAddr, port_min: u16, port_max: u16) -> StaticEndpoint {
-    let ip = canonical_ip(ip);
+    let ip = crate::policy::unmapped_ip(ip);
     StaticEndpoint {
         addr: ip,
         prefix_len: if ip.is_ipv4() { 32 } else { 128 },
@@ -126,16 +126,9 @@ pub fn host_endpoint(ip: IpAddr, port_min: u16, port_max: u16) -> StaticEndpoint
     }
 }
 
-/// Canonical form of a peer IP: IPv4-mapped IPv6 addresses become IPv4.
-pub fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
-    }
-}
+/// The former name of [`crate::policy::unmapped_ip`], kept while `dataplane::proto` (being
+/// split) still imports it from here; its callers move to the policy module's name.
+pub use crate::policy::unmapped_ip as canonical_ip;
 
 impl Snapshot {
     /// Builds the snapshot of a validated config. `discovered` gives the current endpoints of
@@ -274,9 +267,9 @@ impl Snapshot {
         let full = if ip.is_ipv4() { 32 } else { 128 };
         route.clusters.iter().copied().find(|&c| {
             self.clusters[c].endpoints.iter().any(|e| {
-                crate::policy::endpoint_admits(e.addr, e.prefix_len, ip)
+                e.admits_ip(ip)
                     && (!own || e.prefix_len == full)
-                    && port.is_none_or(|p| (e.port_min..=e.port_max).contains(&p))
+                    && port.is_none_or(|p| e.admits_port(p))
             })
         })
     }

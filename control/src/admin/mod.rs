@@ -42,12 +42,12 @@ impl AdminServers {
             health: AdminServer::new(
                 "health-check",
                 "admin.healthcheck_endpoint",
-                crate::DEFAULT_HEALTHCHECK_PORT,
+                uturn_shared::config::DEFAULT_HEALTHCHECK_PORT,
             ),
             metrics: AdminServer::new(
                 "metrics",
                 "admin.metrics_endpoint",
-                crate::DEFAULT_METRICS_PORT,
+                uturn_shared::config::DEFAULT_METRICS_PORT,
             ),
         };
         let (health, metrics) = admin_endpoints(initial);
