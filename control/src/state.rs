@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use uturn_shared::config::{
     ClusterConfig, ClusterType, ServiceEndpoint, StaticEndpoint, StunnerConfig,
 };
-use uturn_shared::snapshot::{canonical_ip, host_endpoint, Snapshot};
+use uturn_shared::policy::unmapped_ip;
+use uturn_shared::snapshot::{host_endpoint, Snapshot};
 
 /// A change to the addresses of one watched Kubernetes Service (`<namespace>/<service>`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +68,7 @@ impl ServiceState {
             .values()
             .flat_map(|s| s.addresses.iter().copied())
             .chain(self.cluster_ips.iter().copied())
-            .map(canonical_ip)
+            .map(unmapped_ip)
             .collect()
     }
 

@@ -126,10 +126,6 @@ pub fn host_endpoint(ip: IpAddr, port_min: u16, port_max: u16) -> StaticEndpoint
     }
 }
 
-/// The former name of [`crate::policy::unmapped_ip`], kept while `dataplane::proto` (being
-/// split) still imports it from here; its callers move to the policy module's name.
-pub use crate::policy::unmapped_ip as canonical_ip;
-
 impl Snapshot {
     /// Builds the snapshot of a validated config. `discovered` gives the current endpoints of
     /// a STRICT_DNS or KUBERNETES cluster (resolved or watched by the control thread); STATIC

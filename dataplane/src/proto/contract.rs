@@ -5,7 +5,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
-use uturn_shared::snapshot::{canonical_ip, ClusterId, ListenerSpec};
+use uturn_shared::policy::unmapped_ip;
+use uturn_shared::snapshot::{ClusterId, ListenerSpec};
 
 /// Bytes the shell leaves free in front of a peer datagram, so ChannelData can be framed in place.
 pub const PEER_HEADROOM: usize = 4;
@@ -88,7 +89,7 @@ pub enum Family {
 impl Family {
     /// The family of `ip` once canonical (an IPv4-mapped IPv6 address is IPv4).
     pub(super) fn of(ip: IpAddr) -> Family {
-        match canonical_ip(ip) {
+        match unmapped_ip(ip) {
             IpAddr::V4(_) => Family::V4,
             IpAddr::V6(_) => Family::V6,
         }

@@ -13,7 +13,8 @@ use std::time::Instant;
 use stun_proto::types::attribute::{Attribute, AttributeFromRaw, AttributeStaticType};
 use stun_proto::types::message::Message;
 use turn_types::attribute::{ChannelNumber, XorPeerAddress};
-use uturn_shared::snapshot::{canonical_ip, Snapshot};
+use uturn_shared::policy::unmapped_ip;
+use uturn_shared::snapshot::Snapshot;
 
 /// Installs or refreshes a permission for every peer IP the CreatePermission `msg` names, or
 /// none of them (RFC 8656 §9.2).
@@ -73,7 +74,7 @@ pub(super) fn channel_bind(
     };
     let number = number.channel();
     let peer = peer.addr(msg.transaction_id());
-    let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
+    let peer = SocketAddr::new(unmapped_ip(peer.ip()), peer.port());
     // RFC 8656 §11.2 narrowed channel numbers to 0x4000-0x4FFF; RFC 5766 clients (coturn's
     // among them) still pick from 0x4000-0x7FFF, and pion/stunnerd accept that range.
     if !CHANNEL_NUMBERS.contains(&number) {
@@ -153,7 +154,7 @@ fn named_peers(
         let Ok(peer) = XorPeerAddress::from_raw_ref(&raw) else {
             return Err(RequestError::MalformedPeerAddress);
         };
-        let ip = canonical_ip(peer.addr(txid).ip());
+        let ip = unmapped_ip(peer.addr(txid).ip());
         if named.contains(&ip) {
             continue;
         }

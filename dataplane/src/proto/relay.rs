@@ -21,7 +21,8 @@ use std::time::Instant;
 use stun_proto::types::attribute::{Attribute, AttributeStaticType};
 use stun_proto::types::message::{Message, TransactionId};
 use turn_types::attribute::{Data, XorPeerAddress};
-use uturn_shared::snapshot::{canonical_ip, Snapshot};
+use uturn_shared::policy::unmapped_ip;
+use uturn_shared::snapshot::Snapshot;
 
 /// ChannelData from `from` on `listener` (RFC 8656 §12.4): the peer and the payload's range.
 // Inlined into the engine's one call site, so the action is written where the shell gets it.
@@ -95,7 +96,7 @@ pub(super) fn send_indication(
         return ClientAction::Drop(stats.count_drop(DropReason::Malformed));
     };
     let peer = peer.addr(msg.transaction_id());
-    let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
+    let peer = SocketAddr::new(unmapped_ip(peer.ip()), peer.port());
     // RFC 8656 §10.2: relayed only with a permission for the peer's IP (and, here, only
     // to a peer address a routed cluster admits).
     let cluster = match alloc.permission_admits(snap, peer, now) {
@@ -127,7 +128,7 @@ pub(super) fn peer_datagram(
     indication_txids: &mut StdRng,
 ) -> PeerAction {
     let len = buf.len().saturating_sub(PEER_HEADROOM);
-    let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
+    let peer = SocketAddr::new(unmapped_ip(peer.ip()), peer.port());
     let listener = alloc.key.listener;
     let client = alloc.key.client;
     if len > usize::from(u16::MAX) || buf.len() < PEER_HEADROOM + len {

@@ -13,7 +13,8 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 use stun_proto::types::message::TransactionId;
-use uturn_shared::snapshot::{canonical_ip, ClusterId, Snapshot};
+use uturn_shared::policy::unmapped_ip;
+use uturn_shared::snapshot::{ClusterId, Snapshot};
 
 /// A client's end of an allocation: the listener it came in on and its address (with the
 /// listener's transport and address, the 5-tuple of RFC 8656 §2).
@@ -186,7 +187,7 @@ impl Allocation {
         now: Instant,
         max_permissions: usize,
     ) -> Result<(), RequestError> {
-        let ip = canonical_ip(ip);
+        let ip = unmapped_ip(ip);
         if let Some(p) = self.permissions.iter_mut().find(|p| p.ip == ip) {
             p.expires_at = now + PERMISSION_LIFETIME;
             return Ok(());
