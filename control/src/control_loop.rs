@@ -111,9 +111,7 @@ pub(crate) async fn run(
             }
             next = receiver.try_recv().ok();
         }
-        if let Some(mut snapshot) = state.poll_snapshot() {
-            // An unchanged listener keeps its run, and with it its sockets on every shard.
-            snapshot.carry_listener_runs(&config.snapshot.load());
+        if let Some(snapshot) = state.poll_snapshot() {
             tracing::debug!(target: "stunner", "publishing dataplane snapshot generation {}", snapshot.generation);
             config.snapshot.store(Arc::new(snapshot));
         }

@@ -60,13 +60,22 @@ pub enum Source {
     Cds(cds::CdsTarget),
 }
 
+/// The first snapshot of `config`, for the dataplane to start on before the control thread
+/// runs. Pass the same handle and config to [`Control::start`], which republishes it as
+/// discovery and later configs change what the shards must do.
+pub fn first_snapshot(config: &StunnerConfig) -> SnapshotHandle {
+    let first = state::ControlState::new(config.clone(), 1).snapshot();
+    Arc::new(arc_swap::ArcSwap::from_pointee(first))
+}
+
 /// How to run the control plane.
 pub struct ControlConfig {
     /// Where later configs come from.
     pub source: Source,
     /// The config the dataplane starts with (already published in `snapshot`).
     pub initial: StunnerConfig,
-    /// The snapshot the shards read; the control thread republishes it.
+    /// The snapshot the shards read, made by [`first_snapshot`] of `initial`; the control
+    /// thread republishes it.
     pub snapshot: SnapshotHandle,
     /// How to reach the Kubernetes API server (KUBERNETES clusters).
     pub kube: KubeOptions,

@@ -2,7 +2,6 @@
 
 mod logging;
 
-use arc_swap::ArcSwap;
 use base64::Engine as _;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use logging::LogFormat;
@@ -18,7 +17,6 @@ use uturn_dataplane::io::{
     select_backend, usable_cpus, BackendChoice, Dataplane, DataplaneConfig, IoBackend,
 };
 use uturn_shared::config::StunnerConfig;
-use uturn_shared::snapshot::Snapshot;
 
 /// STUNner's stunnerd command line, flag for flag.
 #[derive(Parser, Debug)]
@@ -368,11 +366,7 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::from_config(
-        &config,
-        1,
-        &|_| Vec::new(),
-    )));
+    let snapshot = uturn_control::first_snapshot(&config);
     let shards = std::env::var("UTURN_SHARDS")
         .ok()
         .and_then(|s| s.parse().ok())
