@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use uturn_shared::config::{
     ClusterConfig, ClusterType, ServiceEndpoint, StaticEndpoint, StunnerConfig,
 };
-use uturn_shared::snapshot::{canonical_ip, host_endpoint, Snapshot};
+use uturn_shared::policy::unmapped_ip;
+use uturn_shared::snapshot::{host_endpoint, ListenerSpec, Snapshot};
 
 /// A change to the addresses of one watched Kubernetes Service (`<namespace>/<service>`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +68,7 @@ impl ServiceState {
             .values()
             .flat_map(|s| s.addresses.iter().copied())
             .chain(self.cluster_ips.iter().copied())
-            .map(canonical_ip)
+            .map(unmapped_ip)
             .collect()
     }
 
@@ -119,12 +120,22 @@ pub struct ControlState {
     settled: bool,
     discovery_timeout: Duration,
     next_watch: u64,
+    /// The listeners of the last snapshot built, with their runs: an unchanged listener keeps
+    /// its run in the next one, and with it its sockets on every shard.
+    listeners: Vec<ListenerSpec>,
 }
 
 impl ControlState {
-    /// Starts from `config`, published as `generation`.
+    /// Starts from `config`, published as `generation` (by [`ControlState::snapshot`] of a
+    /// state made the same way, e.g. [`crate::first_snapshot`]).
     pub fn new(config: StunnerConfig, generation: u64) -> ControlState {
+        let listeners = config
+            .listeners
+            .iter()
+            .map(|l| ListenerSpec::from_config(l, &config.auth.realm, generation))
+            .collect();
         let mut state = ControlState {
+            listeners,
             ready: !config.is_zero(),
             config,
             services: BTreeMap::new(),
@@ -306,14 +317,20 @@ impl ControlState {
         }
         self.dirty = false;
         self.generation += 1;
-        Some(self.snapshot())
+        let snapshot = self.snapshot();
+        self.listeners.clone_from(&snapshot.listeners);
+        Some(snapshot)
     }
 
-    /// The snapshot of the current state, at the current generation.
+    /// The snapshot of the current state, at the current generation. Config becomes a
+    /// snapshot here and nowhere else in the process. Listeners unchanged since the last
+    /// snapshot keep their runs ([`ListenerSpec::same_as`] decides).
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot::from_config(&self.config, self.generation, &|cluster| {
+        let mut snapshot = Snapshot::from_config(&self.config, self.generation, &|cluster| {
             self.cluster_endpoints(cluster)
-        })
+        });
+        snapshot.carry_listener_runs(&self.listeners);
+        snapshot
     }
 
     /// The Services the shell must watch, `<namespace>/<service>`, with what is known of each.
@@ -390,21 +407,6 @@ impl ControlState {
     }
 }
 
-/// Whether a listener must be closed and reopened (dropping its allocations) to go from `old`
-/// to `new`: stunnerd restarts on protocol, address, port, cert or key, and on a realm change.
-fn listener_restarts(
-    old: &uturn_shared::config::ListenerConfig,
-    new: &uturn_shared::config::ListenerConfig,
-    realm_changed: bool,
-) -> bool {
-    realm_changed
-        || old.protocol != new.protocol
-        || old.address != new.address
-        || old.port != new.port
-        || old.cert != new.cert
-        || old.key != new.key
-}
-
 /// Counts what going from `old` to `new` does, object by object (matched by name).
 pub fn reconcile(old: &StunnerConfig, new: &StunnerConfig) -> Reconciliation {
     let mut summary = Reconciliation::default();
@@ -434,12 +436,15 @@ pub fn reconcile(old: &StunnerConfig, new: &StunnerConfig) -> Reconciliation {
             count(true, false, false);
         }
     }
-    let realm_changed = old.auth.realm != new.auth.realm;
     for l in &new.listeners {
         match old.listeners.iter().find(|o| o.name == l.name) {
             None => summary.started += 1,
-            Some(before) if listener_restarts(before, l, realm_changed) => summary.restarted += 1,
-            Some(_) => {}
+            Some(before) => {
+                let after = ListenerSpec::from_config(l, &new.auth.realm, 0);
+                if after.restarts_from(&ListenerSpec::from_config(before, &old.auth.realm, 0)) {
+                    summary.restarted += 1;
+                }
+            }
         }
     }
     summary

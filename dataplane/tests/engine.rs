@@ -1,5 +1,6 @@
 //! Engine scenarios on a virtual clock: one per method and per error path.
 
+use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use stun_proto::types::attribute::{
@@ -18,7 +19,7 @@ use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRE
 use turn_types::AddressFamily;
 use uturn_dataplane::proto::{
     Bytes, ClientAction, DropReason, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction,
-    RelayId, PEER_HEADROOM,
+    RelayBindError, RelayId, PEER_HEADROOM,
 };
 use uturn_shared::auth::{ephemeral_password, ephemeral_username};
 use uturn_shared::config::parse_config;
@@ -574,7 +575,14 @@ fn relay_bind_failure_gives_508_and_holds_nothing() {
     };
     let n = h
         .engine
-        .complete_allocate(h.now, request.relay, Err(()), &mut h.out)
+        .complete_allocate(
+            h.now,
+            request.relay,
+            Err(RelayBindError {
+                kind: ErrorKind::AddrInUse,
+            }),
+            &mut h.out,
+        )
         .unwrap();
     let reply = Reply {
         bytes: h.out[..n].to_vec(),
@@ -1586,7 +1594,9 @@ fn accounting_invariants_hold_after_any_sequence_of_operations() {
                             Ok(h.next_port)
                         } else {
                             bind_failures += 1;
-                            Err(())
+                            Err(RelayBindError {
+                                kind: ErrorKind::AddrInUse,
+                            })
                         };
                         let n = h
                             .engine

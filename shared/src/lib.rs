@@ -1,6 +1,8 @@
 //! What both planes of uturn agree on: the v1 config schema, auth, the route snapshot, the
 //! log-spec parser, TURN stream framing.
 #![deny(missing_docs)]
+// Config, auth and policy parsing for both planes: nothing here needs unsafe.
+#![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod config;

@@ -23,31 +23,41 @@ pub enum Level {
 }
 
 impl Level {
-    /// Parses `DISABLE`, `ERROR`, `WARN`, `INFO`, `DEBUG` or `TRACE`, case-insensitively.
-    pub fn parse(s: &str) -> Option<Level> {
-        [
-            ("disable", Level::Disable),
-            ("error", Level::Error),
-            ("warn", Level::Warn),
-            ("info", Level::Info),
-            ("debug", Level::Debug),
-            ("trace", Level::Trace),
-        ]
-        .into_iter()
-        .find(|(name, _)| name.eq_ignore_ascii_case(s))
-        .map(|(_, level)| level)
-    }
+    /// Every level, quietest first; `Level::ALL[level as usize] == level`.
+    pub const ALL: [Level; 6] = [
+        Level::Disable,
+        Level::Error,
+        Level::Warn,
+        Level::Info,
+        Level::Debug,
+        Level::Trace,
+    ];
 
-    /// The label printed in log lines: `TRACE`, `DEBUG`, `INFO`, `WARNING`, `ERROR`
-    /// (`DISABLE` for [`Level::Disable`], which never prints).
-    pub fn label(&self) -> &'static str {
+    /// The name a log spec uses: `DISABLE`, `ERROR`, `WARN`, `INFO`, `DEBUG` or `TRACE`.
+    pub fn name(&self) -> &'static str {
         match self {
             Level::Disable => "DISABLE",
             Level::Error => "ERROR",
-            Level::Warn => "WARNING",
+            Level::Warn => "WARN",
             Level::Info => "INFO",
             Level::Debug => "DEBUG",
             Level::Trace => "TRACE",
+        }
+    }
+
+    /// Parses a level [`Level::name`], case-insensitively.
+    pub fn parse(s: &str) -> Option<Level> {
+        Level::ALL
+            .into_iter()
+            .find(|level| level.name().eq_ignore_ascii_case(s))
+    }
+
+    /// The label printed in log lines: the name, except `WARNING` for [`Level::Warn`] (as
+    /// stunnerd prints it); [`Level::Disable`] never prints.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Level::Warn => "WARNING",
+            other => other.name(),
         }
     }
 
@@ -121,19 +131,19 @@ mod tests {
 
     #[test]
     fn levels_are_ordered_quiet_to_verbose() {
-        let order = [
-            Level::Disable,
-            Level::Error,
-            Level::Warn,
-            Level::Info,
-            Level::Debug,
-            Level::Trace,
-        ];
-        assert!(order.windows(2).all(|w| w[0] < w[1]));
+        assert!(Level::ALL.windows(2).all(|w| w[0] < w[1]));
         assert!(Level::Info.enables(Level::Warn));
         assert!(!Level::Info.enables(Level::Debug));
         assert!(!Level::Disable.enables(Level::Error));
         assert!(!Level::Trace.enables(Level::Disable));
+    }
+
+    #[test]
+    fn all_lists_every_level_at_its_own_index() {
+        for (index, level) in Level::ALL.into_iter().enumerate() {
+            assert_eq!(level as usize, index, "{level:?}");
+            assert_eq!(Level::parse(level.name()), Some(level));
+        }
     }
 
     #[test]

@@ -11,27 +11,36 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+/// The address a dual-stack socket means by `ip`: IPv4-mapped IPv6 (`::ffff:a.b.c.d`, which
+/// such a socket reports for an IPv4 peer and sends as IPv4) becomes that IPv4 address; every
+/// other address is itself. The one form the wire and the sockets treat as IPv4; the policy
+/// reduces more ([`canonical_peer`]).
+pub fn unmapped_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V4(_) => ip,
+    }
+}
+
 /// The address a peer IP really designates: IPv4-mapped (`::ffff:a.b.c.d`, sent as IPv4 by a
-/// dual-stack socket), IPv4-compatible (`::a.b.c.d`, except `::` and `::1`) and NAT64
-/// (`64:ff9b::/96`, translated to it) forms become that IPv4 address. 6to4 and Teredo stay
-/// IPv6: see [`tunnel_ipv4`].
+/// dual-stack socket; [`unmapped_ip`]), IPv4-compatible (`::a.b.c.d`, except `::` and `::1`)
+/// and NAT64 (`64:ff9b::/96`, translated to it) forms become that IPv4 address. 6to4 and
+/// Teredo stay IPv6: see [`tunnel_ipv4`].
 pub fn canonical_peer(ip: IpAddr) -> IpAddr {
+    let ip = unmapped_ip(ip);
     let IpAddr::V6(v6) = ip else {
         return ip;
     };
     let s = v6.segments();
     let o = v6.octets();
     let last32 = Ipv4Addr::new(o[12], o[13], o[14], o[15]);
-    if let Some(v4) = v6.to_ipv4_mapped() {
-        return IpAddr::V4(v4);
-    }
     if s[..6] == [0; 6] && !(v6.is_unspecified() || v6.is_loopback()) {
         return IpAddr::V4(last32);
     }
     if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0; 4] {
         return IpAddr::V4(last32);
     }
-    IpAddr::V6(v6)
+    ip
 }
 
 /// The IPv4 address a 6to4 (`2002::/16`, the site's border router) or Teredo (`2001::/32`, the
@@ -60,38 +69,18 @@ pub fn tunnel_ipv4(ip: IpAddr) -> Option<Ipv4Addr> {
 /// gateway's own sockets (listeners, relay ports, health, metrics) whatever address the
 /// listeners advertise.
 pub fn host_ips() -> Vec<IpAddr> {
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `list` with a linked list we free below with freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+    let Ok(interfaces) = nix::ifaddrs::getifaddrs() else {
         return Vec::new();
-    }
-    let mut ips = Vec::new();
-    let mut entry = list;
-    while !entry.is_null() {
-        // SAFETY: `entry` is a node of the list getifaddrs returned, not yet freed.
-        let ifa = unsafe { &*entry };
-        entry = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr points to a sockaddr whose family says which struct it is.
-        let ip = unsafe {
-            match i32::from((*ifa.ifa_addr).sa_family) {
-                libc::AF_INET => {
-                    let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
-                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
-                }
-                libc::AF_INET6 => {
-                    let sin6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
-                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
-                }
-                _ => continue,
+    };
+    let mut ips: Vec<IpAddr> = interfaces
+        .filter_map(|interface| {
+            let address = interface.address?;
+            match address.as_sockaddr_in() {
+                Some(v4) => Some(IpAddr::V4(Ipv4Addr::from(v4.ip()))),
+                None => address.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())),
             }
-        };
-        ips.push(ip);
-    }
-    // SAFETY: `list` came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(list) };
+        })
+        .collect();
     ips.sort();
     ips.dedup();
     ips
@@ -212,6 +201,21 @@ mod tests {
             ("10.1.2.3", "10.1.2.3"),
         ] {
             assert_eq!(canonical_peer(ip(v6)), ip(v4), "{v6}");
+        }
+    }
+
+    #[test]
+    fn only_the_mapped_form_is_unmapped() {
+        for (v6, unmapped) in [
+            ("::ffff:127.0.0.1", "127.0.0.1"),
+            ("::ffff:10.1.2.3", "10.1.2.3"),
+            ("::127.0.0.1", "::127.0.0.1"),
+            ("64:ff9b::a9fe:a9fe", "64:ff9b::a9fe:a9fe"),
+            ("::", "::"),
+            ("2001:db8::1", "2001:db8::1"),
+            ("10.1.2.3", "10.1.2.3"),
+        ] {
+            assert_eq!(unmapped_ip(ip(v6)), ip(unmapped), "{v6}");
         }
     }
 

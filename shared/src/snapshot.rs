@@ -6,7 +6,9 @@
 //! and re-check a cached verdict only when [`Snapshot::generation`] changes.
 
 use crate::auth::Authenticator;
-use crate::config::{ClusterConfig, ClusterType, ListenerProtocol, StaticEndpoint, StunnerConfig};
+use crate::config::{
+    ClusterConfig, ClusterType, ListenerConfig, ListenerProtocol, StaticEndpoint, StunnerConfig,
+};
 use arc_swap::ArcSwap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -40,12 +42,44 @@ pub struct ListenerSpec {
 }
 
 impl ListenerSpec {
+    /// The listener `listener` of a config whose realm is `realm`, in run `run`.
+    pub fn from_config(listener: &ListenerConfig, realm: &str, run: u64) -> ListenerSpec {
+        ListenerSpec {
+            name: listener.name.clone(),
+            protocol: listener.protocol,
+            advertised_ip: listener
+                .address
+                .parse()
+                .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+            port: listener.port,
+            realm: realm.to_owned(),
+            tls: TlsMaterial {
+                digest: tls_digest(&listener.cert, &listener.key),
+                cert: listener.cert.as_str().into(),
+                key: listener.key.as_str().into(),
+            },
+            run,
+        }
+    }
+
     /// Whether `self` and `other` describe the same listener, whatever their runs.
+    ///
+    /// This is the one rule for when a listener restarts (its sockets close and reopen, and
+    /// its allocations end): when any field but the run differs. That is stunnerd's rule —
+    /// protocol, address, port, certificate or key, or the realm changed. The control plane
+    /// counts restarts with it ([`ListenerSpec::restarts_from`]) and carries runs with it
+    /// ([`Snapshot::carry_listener_runs`]); the shards follow the runs.
     pub fn same_as(&self, other: &ListenerSpec) -> bool {
         // Through the derived equality, so a field added later is compared too.
         let mut mine = self.clone();
         mine.run = other.run;
         mine == *other
+    }
+
+    /// Whether going from `before` (the same name in the previous config) to `self` restarts
+    /// the listener; see [`ListenerSpec::same_as`].
+    pub fn restarts_from(&self, before: &ListenerSpec) -> bool {
+        !self.same_as(before)
     }
 }
 
@@ -117,23 +151,12 @@ fn tls_digest(cert: &str, key: &str) -> u64 {
 
 /// An endpoint admitting exactly `ip`, on ports `port_min..=port_max`.
 pub fn host_endpoint(ip: IpAddr, port_min: u16, port_max: u16) -> StaticEndpoint {
-    let ip = canonical_ip(ip);
+    let ip = crate::policy::unmapped_ip(ip);
     StaticEndpoint {
         addr: ip,
         prefix_len: if ip.is_ipv4() { 32 } else { 128 },
         port_min,
         port_max,
-    }
-}
-
-/// Canonical form of a peer IP: IPv4-mapped IPv6 addresses become IPv4.
-pub fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
     }
 }
 
@@ -180,23 +203,11 @@ impl Snapshot {
         let mut listeners = Vec::new();
         let mut routes = Vec::new();
         for listener in &config.listeners {
-            let advertised_ip = listener
-                .address
-                .parse()
-                .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-            listeners.push(ListenerSpec {
-                name: listener.name.clone(),
-                protocol: listener.protocol,
-                advertised_ip,
-                port: listener.port,
-                realm: config.auth.realm.clone(),
-                tls: TlsMaterial {
-                    digest: tls_digest(&listener.cert, &listener.key),
-                    cert: listener.cert.as_str().into(),
-                    key: listener.key.as_str().into(),
-                },
-                run: generation,
-            });
+            listeners.push(ListenerSpec::from_config(
+                listener,
+                &config.auth.realm,
+                generation,
+            ));
             // Clusters named in routes but missing from the config are skipped, as stunnerd does.
             routes.push(Route {
                 clusters: listener
@@ -231,14 +242,20 @@ impl Snapshot {
         }
     }
 
-    /// Keeps the run of every listener that `previous` (the snapshot this one replaces) had
-    /// unchanged, so that only new and changed listeners start a new run.
-    pub fn carry_listener_runs(&mut self, previous: &Snapshot) {
+    /// Keeps the run of every listener that `previous` (the listeners of the snapshot this one
+    /// replaces) had unchanged, so that only new and changed listeners start a new run.
+    pub fn carry_listener_runs(&mut self, previous: &[ListenerSpec]) {
         for listener in &mut self.listeners {
-            if let Some(before) = previous.listeners.iter().find(|p| p.same_as(listener)) {
+            if let Some(before) = previous.iter().find(|p| p.same_as(listener)) {
                 listener.run = before.run;
             }
         }
+    }
+
+    /// Whether `self` runs exactly the listeners `other` runs, in the same runs: a shard
+    /// serving `other` may serve packets under `self` without reconciling its listeners.
+    pub fn same_listener_runs(&self, other: &Snapshot) -> bool {
+        self.listeners == other.listeners
     }
 
     /// The route of the listener called `listener`, if it runs.
@@ -274,9 +291,9 @@ impl Snapshot {
         let full = if ip.is_ipv4() { 32 } else { 128 };
         route.clusters.iter().copied().find(|&c| {
             self.clusters[c].endpoints.iter().any(|e| {
-                crate::policy::endpoint_admits(e.addr, e.prefix_len, ip)
+                e.admits_ip(ip)
                     && (!own || e.prefix_len == full)
-                    && port.is_none_or(|p| (e.port_min..=e.port_max).contains(&p))
+                    && port.is_none_or(|p| e.admits_port(p))
             })
         })
     }

@@ -788,28 +788,34 @@ fn static_endpoints_parse_every_form() {
 fn static_endpoints_match_ip_and_port() {
     let sock = |s: &str| s.parse::<SocketAddr>().unwrap();
     let net = StaticEndpoint::parse("10.0.8.0/24:<10000-20000>").unwrap();
-    assert!(net.contains_ip("10.0.8.77".parse().unwrap()));
-    assert!(!net.contains_ip("10.0.9.1".parse().unwrap()));
-    assert!(net.contains_ip("::ffff:10.0.8.1".parse().unwrap()));
-    assert!(net.contains(sock("10.0.8.1:10000")));
-    assert!(net.contains(sock("10.0.8.1:20000")));
-    assert!(!net.contains(sock("10.0.8.1:9999")));
-    assert!(!net.contains(sock("10.0.8.1:20001")));
-    assert!(net.contains(sock("[::ffff:10.0.8.1]:15000")));
+    assert!(net.admits_ip("10.0.8.77".parse().unwrap()));
+    assert!(!net.admits_ip("10.0.9.1".parse().unwrap()));
+    assert!(net.admits_ip("::ffff:10.0.8.1".parse().unwrap()));
+    assert!(net.admits(sock("10.0.8.1:10000")));
+    assert!(net.admits(sock("10.0.8.1:20000")));
+    assert!(!net.admits(sock("10.0.8.1:9999")));
+    assert!(!net.admits(sock("10.0.8.1:20001")));
+    assert!(net.admits(sock("[::ffff:10.0.8.1]:15000")));
 
     let any_v4 = StaticEndpoint::parse("0.0.0.0/0").unwrap();
-    assert!(any_v4.contains(sock("203.0.113.9:1")));
-    assert!(!any_v4.contains(sock("203.0.113.9:0")));
-    assert!(!any_v4.contains_ip("2001:db8::1".parse().unwrap()));
+    assert!(any_v4.admits(sock("203.0.113.9:1")));
+    assert!(!any_v4.admits(sock("203.0.113.9:0")));
+    assert!(!any_v4.admits_ip("2001:db8::1".parse().unwrap()));
+    // The peer policy's scope rule: a wide range never reaches loopback in any form.
+    assert!(!any_v4.admits(sock("127.0.0.1:3478")));
+    assert!(!any_v4.admits(sock("[::ffff:127.0.0.1]:3478")));
+    assert!(!any_v4.admits_ip("169.254.169.254".parse().unwrap()));
+    let loopback = StaticEndpoint::parse("127.0.0.1").unwrap();
+    assert!(loopback.admits(sock("127.0.0.1:3478")));
 
     let v6 = StaticEndpoint::parse("fd00::/64:<1-1024>").unwrap();
-    assert!(v6.contains(sock("[fd00::abcd]:443")));
-    assert!(!v6.contains(sock("[fd00::abcd]:1025")));
-    assert!(!v6.contains(sock("[fd00:0:0:1::1]:443")));
-    assert!(!v6.contains_ip("10.0.0.1".parse().unwrap()));
+    assert!(v6.admits(sock("[fd00::abcd]:443")));
+    assert!(!v6.admits(sock("[fd00::abcd]:1025")));
+    assert!(!v6.admits(sock("[fd00:0:0:1::1]:443")));
+    assert!(!v6.admits_ip("10.0.0.1".parse().unwrap()));
 
     let empty = StaticEndpoint::parse("10.0.0.1:<6000-5000>").unwrap();
-    assert!(!empty.contains(sock("10.0.0.1:5500")));
+    assert!(!empty.admits(sock("10.0.0.1:5500")));
 }
 
 #[test]

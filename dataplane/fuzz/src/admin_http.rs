@@ -1,104 +1,87 @@
-//! `admin_http`: the request handling of the health-check, status and metrics servers
-//! (`control/src/http.rs`, compiled here on its own so the instrumented build carries no tokio
-//! or kube): finding the request head, taking its path, routing it, writing the answer.
+//! `admin_http`: what the health-check, status and metrics servers answer for a request path
+//! (`control/src/admin/routes.rs`, compiled here on its own so the instrumented build carries no
+//! tokio, hyper or kube). hyper parses the requests and enforces the head's size and time
+//! limits; the routing is what stays uturn's own.
 //!
-//! Input: `[flags: u8][chunk sizes: u8 × 4][request bytes]`. Flags bit 0: whether `/ready` is
-//! ready. The request is fed as the server reads it, in chunks of the given sizes (0 = 1 byte)
-//! and then 1024-byte reads, stopping at the first complete or oversized head.
+//! Input: `[flags: u8][metrics path: u16 length, bytes][request path: the rest]`. Flags bit 0:
+//! whether `/ready` is ready. Both paths are taken as (lossy) UTF-8, as hyper hands them over.
 //!
-//! Checks: never panics; reading in chunks gives the same outcome as the whole input at once;
-//! a path is a range of the head's first line with no space, `?` or CR; only an input of
-//! `MAX_REQUEST` bytes or more is too large; every answer is 200, 404 or 503 (503 only for an
-//! unready `/ready`), and its rendering parses back with a `Content-Length` equal to the body.
+//! Checks: never panics; the health routes answer exactly as stunnerd (stunnerd.md §5): `/live`,
+//! `/ready` (200 or 503) and `/status` with their bodies and JSON content type, and Go's 404
+//! for every other path; the metrics route answers the scrape only at exactly the metrics path,
+//! with the Prometheus content type, and a 404 elsewhere; readiness, status and metrics are
+//! computed only for the path that shows them.
 
 #[allow(dead_code)]
-#[path = "../../../control/src/http.rs"]
-mod http;
+#[path = "../../../control/src/admin/routes.rs"]
+mod routes;
 
 use crate::input::Input;
-use http::{health_route, parse_request, render_response, Request, MAX_REQUEST};
+use routes::{health_route, metrics_route, Answer};
+use std::cell::Cell;
+
+const JSON: &str = "application/json; charset=utf-8";
+const TEXT: &str = "text/plain; charset=utf-8";
+const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
+const STATUS_DOC: &str = "{\"status\":\"READY\",\"allocationCount\":0}";
+const SCRAPE: &str = "# TYPE stunner_allocations_active gauge\nstunner_allocations_active 0\n";
 
 /// The fuzz target.
 pub fn run(data: &[u8]) {
     let mut input = Input::new(data);
     let ready = input.u8() & 1 == 1;
-    let chunks = input.array::<4>();
-    let request = input.rest();
+    let metrics_path = String::from_utf8_lossy(input.len_prefixed(usize::MAX)).into_owned();
+    let path = String::from_utf8_lossy(input.rest()).into_owned();
 
-    let whole = parse_request(request);
-    let mut received = Vec::new();
-    let mut sizes = chunks
-        .iter()
-        .map(|&c| usize::from(c).max(1))
-        .chain(std::iter::repeat(1024));
-    let incremental = loop {
-        match parse_request(&received) {
-            Request::Incomplete if received.len() < request.len() => {
-                let n = sizes
-                    .next()
-                    .unwrap_or(1024)
-                    .min(request.len() - received.len());
-                received.extend_from_slice(&request[received.len()..received.len() + n]);
-            }
-            outcome => break outcome_of(outcome),
-        }
+    let (asked_ready, asked_status) = (Cell::new(0), Cell::new(0));
+    let health = health_route(
+        &path,
+        || {
+            asked_ready.set(asked_ready.get() + 1);
+            ready
+        },
+        || {
+            asked_status.set(asked_status.get() + 1);
+            STATUS_DOC.to_string()
+        },
+    );
+    let expected = match path.as_str() {
+        "/live" => (200, JSON, "{}\n".to_string()),
+        "/ready" if ready => (200, JSON, "{\"status\":200,\"message\":\"READY\"}\n".into()),
+        "/ready" => (
+            503,
+            JSON,
+            "{\"status\":503,\"message\":\"stunnerd not ready\"}\n".into(),
+        ),
+        "/status" => (200, JSON, format!("{STATUS_DOC}\n")),
+        _ => not_found(),
     };
-    assert_eq!(
-        incremental,
-        outcome_of(whole),
-        "chunked reading changed the outcome"
-    );
+    check(&health, expected, &path);
+    assert_eq!(asked_ready.get(), usize::from(path == "/ready"), "{path:?}");
+    assert_eq!(asked_status.get(), usize::from(path == "/status"), "{path:?}");
 
-    match whole {
-        Request::Incomplete => assert!(request.len() < MAX_REQUEST),
-        Request::TooLarge => assert!(request.len() >= MAX_REQUEST),
-        Request::Complete { path } => {
-            assert!(path.len() < MAX_REQUEST);
-            assert!(
-                !path.iter().any(|b| matches!(b, b' ' | b'?' | b'\r')),
-                "{path:?}"
-            );
-            if !path.is_empty() {
-                let start = (path.as_ptr() as usize).wrapping_sub(request.as_ptr() as usize);
-                assert!(
-                    start + path.len() <= request.len(),
-                    "the path is not in the input"
-                );
-            }
-            let answer = health_route(path, || ready, || "{\"status\":\"READY\"}".to_string());
-            match answer.0 {
-                200 => assert!(path != b"/ready" || ready),
-                503 => assert!(path == b"/ready" && !ready),
-                404 => assert!(!matches!(path, b"/live" | b"/ready" | b"/status")),
-                other => panic!("status {other}"),
-            }
-            check_rendering(&answer);
-        }
-    }
+    let rendered = Cell::new(0);
+    let metrics = metrics_route(&path, &metrics_path, || {
+        rendered.set(rendered.get() + 1);
+        SCRAPE.to_string()
+    });
+    let expected = if path == metrics_path {
+        (200, PROMETHEUS, SCRAPE.to_string())
+    } else {
+        not_found()
+    };
+    check(&metrics, expected, &path);
+    assert_eq!(rendered.get(), usize::from(path == metrics_path), "{path:?}");
 }
 
-/// The outcome without the borrowed path, for comparing the two readings.
-fn outcome_of(request: Request<'_>) -> (u8, Vec<u8>) {
-    match request {
-        Request::Incomplete => (0, Vec::new()),
-        Request::TooLarge => (1, Vec::new()),
-        Request::Complete { path } => (2, path.to_vec()),
-    }
+/// Go's mux's 404.
+fn not_found() -> (u16, &'static str, String) {
+    (404, TEXT, "404 page not found\n".to_string())
 }
 
-fn check_rendering(answer: &http::Answer) {
-    let bytes = render_response(answer);
-    let text = std::str::from_utf8(&bytes).expect("a response is UTF-8");
-    let (head, body) = text.split_once("\r\n\r\n").expect("a response has a head");
-    assert!(
-        head.starts_with(&format!("HTTP/1.1 {} ", answer.0)),
-        "{head}"
-    );
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .and_then(|v| v.parse().ok())
-        .expect("a Content-Length");
-    assert_eq!(length, body.len());
-    assert_eq!(body, answer.2);
+fn check(answer: &Answer, expected: (u16, &'static str, String), path: &str) {
+    let (status, content_type, body) = expected;
+    assert_eq!(answer.status, status, "{path:?}");
+    assert_eq!(answer.content_type, content_type, "{path:?}");
+    assert_eq!(answer.body, body, "{path:?}");
 }

@@ -1,6 +1,6 @@
-//! `cds_message`: the config discovery client's message parser (`control/src/cds_message.rs`,
-//! compiled here on its own so the instrumented build carries no tokio or kube) on arbitrary
-//! text frames.
+//! `cds_message`: the config discovery client's message parser
+//! (`control/src/origin/cds_message.rs`, compiled here on its own so the instrumented build
+//! carries no tokio or kube) on arbitrary text frames.
 //!
 //! Input: the text of one WebSocket frame (not UTF-8: skipped, as tungstenite refuses such a
 //! text frame).
@@ -9,7 +9,7 @@
 //! config, validates again to itself and its JSON parses back to an equal `Config`; a `Delete`
 //! is a config that is zero; an `Invalid` carries a reason.
 
-#[path = "../../../control/src/cds_message.rs"]
+#[path = "../../../control/src/origin/cds_message.rs"]
 mod cds_message;
 
 use cds_message::{parse_message, CdsMessage};

@@ -7,7 +7,7 @@
 //! only from the engine's own success responses; and it predicts the outcome of every
 //! ChannelData message, Send indication and peer datagram exactly (relay or the drop reason),
 //! with the peer admission verdict computed from the config's cluster list
-//! (`policy::endpoint_admits` per endpoint, port ranges, the gateway's own addresses).
+//! (`StaticEndpoint::admits_ip` and `admits_port` per endpoint, the gateway's own addresses).
 //!
 //! `engine_unauth` input: `[flags][address: 16][port: 2][datagram...]`.
 //! `engine_session` input: `[settings]` then operations (see [`run_session`]).
@@ -32,13 +32,13 @@ use turn_types::attribute::{
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRESH, SEND};
 use uturn_dataplane::proto::{
     AllocationLedger, Bytes, ClientAction, DropReason, Engine, EngineConfig, Family, ListenerId,
-    ListenerRef, PeerAction, RelayId, AMPLIFICATION_FACTOR, CHANNEL_LIFETIME, CHANNEL_NUMBERS,
-    PEER_HEADROOM, PERMISSION_LIFETIME,
+    ListenerRef, PeerAction, RelayBindError, RelayId, AMPLIFICATION_FACTOR, CHANNEL_LIFETIME,
+    CHANNEL_NUMBERS, PEER_HEADROOM, PERMISSION_LIFETIME,
 };
 use uturn_shared::config::{parse_config, StunnerConfig};
 use uturn_shared::framing::MAX_FRAME;
-use uturn_shared::policy::{canonical_peer, endpoint_admits};
-use uturn_shared::snapshot::{canonical_ip, ClusterId, Snapshot};
+use uturn_shared::policy::{canonical_peer, unmapped_ip};
+use uturn_shared::snapshot::{ClusterId, Snapshot};
 
 /// Unix time at the virtual clock's epoch.
 pub const EPOCH_UNIX: u64 = 1_800_000_000;
@@ -381,9 +381,9 @@ impl Harness {
                 continue;
             };
             let hit = self.snap.clusters[c].endpoints.iter().any(|e| {
-                endpoint_admits(e.addr, e.prefix_len, ip)
+                e.admits_ip(ip)
                     && (!own || e.prefix_len == full)
-                    && port.is_none_or(|p| (e.port_min..=e.port_max).contains(&p))
+                    && port.is_none_or(|p| e.admits_port(p))
             });
             if hit {
                 return Some(c);
@@ -539,7 +539,7 @@ impl Harness {
                             return Expect::Drop(DropReason::Malformed);
                         };
                         let p = p.addr(msg.transaction_id());
-                        let p = SocketAddr::new(canonical_ip(p.ip()), p.port());
+                        let p = SocketAddr::new(unmapped_ip(p.ip()), p.port());
                         if !self.permitted(alloc, p.ip()) {
                             return Expect::Drop(DropReason::NoPermission);
                         }
@@ -639,7 +639,13 @@ impl Harness {
                 assert_eq!(msg.method(), ALLOCATE);
                 self.next_port = self.next_port.wrapping_add(2).max(1024);
                 let port = self.next_port;
-                let bound = if bind_ok { Ok(port) } else { Err(()) };
+                let bound = if bind_ok {
+                    Ok(port)
+                } else {
+                    Err(RelayBindError {
+                        kind: std::io::ErrorKind::AddrInUse,
+                    })
+                };
                 if tracing() {
                     eprintln!("    AllocateRelay {req:?} -> bind {bound:?}");
                 }
@@ -841,7 +847,7 @@ impl Harness {
             let mut peers = Vec::new();
             for i in 0.. {
                 match req.nth_attribute::<XorPeerAddress>(i) {
-                    Ok(p) => peers.push(canonical_ip(p.addr(txid).ip())),
+                    Ok(p) => peers.push(unmapped_ip(p.addr(txid).ip())),
                     Err(_) => break,
                 }
             }
@@ -867,7 +873,7 @@ impl Harness {
                 .attribute::<XorPeerAddress>()
                 .expect("bound peer")
                 .addr(txid);
-            let p = SocketAddr::new(canonical_ip(p.ip()), p.port());
+            let p = SocketAddr::new(unmapped_ip(p.ip()), p.port());
             assert!(CHANNEL_NUMBERS.contains(&number));
             let listener = self.clients[client].0;
             assert!(
@@ -901,7 +907,7 @@ impl Harness {
             return Err(DropReason::NoAllocation);
         };
         let listener = self.clients[a.client].0;
-        let peer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
+        let peer = SocketAddr::new(unmapped_ip(peer.ip()), peer.port());
         let channel = a
             .channels
             .iter()
@@ -962,7 +968,7 @@ impl Harness {
                     "ToClient admitted by another cluster"
                 );
                 assert_eq!(payload_len, payload.len());
-                let cpeer = SocketAddr::new(canonical_ip(peer.ip()), peer.port());
+                let cpeer = SocketAddr::new(unmapped_ip(peer.ip()), peer.port());
                 match (channel, bytes) {
                     (Some(number), Bytes::Input(range)) => {
                         assert_eq!(range, 0..PEER_HEADROOM + payload.len());

@@ -275,7 +275,7 @@ mod tests {
         assert!(!bound(port));
         // Added back in generation 3: a new run, a new group.
         let mut back = snapshot(3, Some(port));
-        back.carry_listener_runs(&snapshot(2, None));
+        back.carry_listener_runs(&snapshot(2, None).listeners);
         assert_eq!(back.listeners[0].run, 3);
         groups.reconciling(1, &back);
         let again = sockets(groups.take(1, &back.listeners[0], || listener_socket(port)));
@@ -294,7 +294,7 @@ mod tests {
         // Generation 2 restarts the listener on the same port (say, a new realm).
         let mut new = snapshot(2, Some(port));
         new.listeners[0].realm = "other".into();
-        new.carry_listener_runs(&old);
+        new.carry_listener_runs(&old.listeners);
         assert_eq!(new.listeners[0].run, 2);
         // Shard 0 closes its old socket; shard 1 still serves the old run.
         groups.reconciling(0, &new);
@@ -345,10 +345,10 @@ mod tests {
     fn an_unchanged_listener_keeps_its_run() {
         let port = free_udp_port();
         let mut next = snapshot(7, Some(port));
-        next.carry_listener_runs(&snapshot(6, Some(port)));
+        next.carry_listener_runs(&snapshot(6, Some(port)).listeners);
         assert_eq!(next.listeners[0].run, 6);
         let mut moved = snapshot(8, Some(port + 1));
-        moved.carry_listener_runs(&next);
+        moved.carry_listener_runs(&next.listeners);
         assert_eq!(moved.listeners[0].run, 8);
     }
 }

@@ -4,7 +4,7 @@
 //! there only when the request carried one, to keep the response within ~2x of the request);
 //! authenticated responses carry MESSAGE-INTEGRITY (SHA1).
 
-use super::nonce::NONCE_LEN;
+use super::error::RequestError;
 use std::net::SocketAddr;
 use stun_proto::types::attribute::{
     Attribute, AttributeStaticType, AttributeType, AttributeWrite, ErrorCode, Fingerprint, Nonce,
@@ -16,50 +16,6 @@ use stun_proto::types::message::{
 };
 use turn_types::attribute::{Data, Lifetime, XorPeerAddress, XorRelayedAddress};
 use turn_types::message::{ALLOCATE, DATA};
-
-/// An error response to send: code, reason and the attributes some codes carry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ErrorReply {
-    /// STUN error code.
-    pub code: u16,
-    reason: &'static str,
-    challenge: Option<(String, [u8; NONCE_LEN])>,
-    unknown: Vec<AttributeType>,
-}
-
-impl ErrorReply {
-    /// A plain error response.
-    pub fn new(code: u16, reason: &'static str) -> Self {
-        ErrorReply {
-            code,
-            reason,
-            challenge: None,
-            unknown: Vec::new(),
-        }
-    }
-
-    /// 420 listing the attributes we did not understand (RFC 8489 §14.13).
-    pub fn unknown_attributes(unknown: Vec<AttributeType>) -> Self {
-        ErrorReply {
-            unknown,
-            ..ErrorReply::new(420, "Unknown Attribute")
-        }
-    }
-
-    /// The same reply with an empty reason phrase (8 bytes of ERROR-CODE instead of up to 36).
-    pub fn without_reason(&self) -> Self {
-        ErrorReply {
-            reason: "",
-            ..self.clone()
-        }
-    }
-
-    /// Adds REALM and NONCE (401 and 438, RFC 8489 §9.2.4).
-    pub fn with_challenge(mut self, realm: &str, nonce: &[u8; NONCE_LEN]) -> Self {
-        self.challenge = Some((realm.to_owned(), *nonce));
-        self
-    }
-}
 
 /// A response under construction in a caller buffer. Write failures (a too-small buffer) are
 /// remembered and reported by [`ResponseWriter::finish`].
@@ -136,42 +92,47 @@ pub fn binding_success(request: &Message<'_>, from: SocketAddr, out: &mut [u8]) 
     }
 }
 
-/// An error response to `request`.
+/// An error response to `request` refusing it for `error`, with the reason phrase `reason`
+/// (`error.reason()`, or empty where the reply must stay small).
 pub fn error_response(
     request: &Message<'_>,
-    reply: &ErrorReply,
+    error: &RequestError,
+    reason: &str,
     integrity: Option<&IntegrityKey>,
     out: &mut [u8],
 ) -> Option<usize> {
     error_response_raw(
         request.method(),
         request.transaction_id(),
-        reply,
+        error,
+        reason,
         integrity,
         out,
     )
 }
 
-/// An error response for `method` and `txid`.
+/// An error response for `method` and `txid`, as [`error_response`].
 pub fn error_response_raw(
     method: Method,
     txid: TransactionId,
-    reply: &ErrorReply,
+    error: &RequestError,
+    reason: &str,
     integrity: Option<&IntegrityKey>,
     out: &mut [u8],
 ) -> Option<usize> {
     let mut w = ResponseWriter::new(MessageClass::Error, method, txid, out);
-    let error = ErrorCode::builder(reply.code)
-        .reason(reply.reason)
+    let error_code = ErrorCode::builder(error.code())
+        .reason(reason)
         .build()
         .ok()?;
-    w.add(&error);
-    if !reply.unknown.is_empty() {
-        w.add(&UnknownAttributes::new(&reply.unknown));
+    w.add(&error_code);
+    let unknown = error.unknown_attributes();
+    if !unknown.is_empty() {
+        w.add(&UnknownAttributes::new(unknown));
     }
-    if let Some((realm, nonce)) = &reply.challenge {
-        w.add(&Realm::new(realm).ok()?);
-        w.add(&Nonce::new(std::str::from_utf8(nonce).ok()?).ok()?);
+    if let Some(challenge) = error.challenge() {
+        w.add(&Realm::new(&challenge.realm).ok()?);
+        w.add(&Nonce::new(std::str::from_utf8(&challenge.nonce).ok()?).ok()?);
     }
     w.finish(integrity)
 }

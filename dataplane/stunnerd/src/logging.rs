@@ -12,6 +12,17 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use uturn_shared::logspec::{Level, LogSpec};
 
+/// `--log-format`: how each log line is written.
+// No `///` on the variants: clap would print them as a second list in `--help`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    // stunnerd's `HH:MM:SS.micro file:line: scope LEVEL: msg`.
+    Text,
+    // One JSON object per line, with stunnerd's field names.
+    Json,
+}
+
+/// The tracing filter that lets through what a logger set to `level` prints.
 fn filter(level: Level) -> LevelFilter {
     match level {
         Level::Disable => LevelFilter::OFF,
@@ -23,6 +34,18 @@ fn filter(level: Level) -> LevelFilter {
     }
 }
 
+/// The stunnerd level of a tracing event, whose [`Level::label`] is printed.
+fn level_of(level: tracing::Level) -> Level {
+    match level {
+        tracing::Level::ERROR => Level::Error,
+        tracing::Level::WARN => Level::Warn,
+        tracing::Level::INFO => Level::Info,
+        tracing::Level::DEBUG => Level::Debug,
+        tracing::Level::TRACE => Level::Trace,
+    }
+}
+
+/// stunnerd's line layout, in text or JSON.
 struct StunnerFormat {
     json: bool,
 }
@@ -39,13 +62,7 @@ where
         event: &Event<'_>,
     ) -> std::fmt::Result {
         let meta = event.metadata();
-        let label = match *meta.level() {
-            tracing::Level::ERROR => "ERROR",
-            tracing::Level::WARN => "WARNING",
-            tracing::Level::INFO => "INFO",
-            tracing::Level::DEBUG => "DEBUG",
-            tracing::Level::TRACE => "TRACE",
-        };
+        let label = level_of(*meta.level()).label();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
@@ -123,12 +140,12 @@ fn targets(spec: &str) -> Targets {
         .with_target("turn_types", LevelFilter::ERROR)
 }
 
-/// Installs the global logger for `spec` and `format` (`text` or `json`).
-pub fn init(spec: &str, format: &str) {
+/// Installs the global logger for `spec`, writing lines in `format`.
+pub fn init(spec: &str, format: LogFormat) {
     let (filter, handle) = tracing_subscriber::reload::Layer::new(targets(spec));
     let layer = tracing_subscriber::fmt::layer()
         .event_format(StunnerFormat {
-            json: format == "json",
+            json: format == LogFormat::Json,
         })
         .with_writer(std::io::stdout);
     if tracing_subscriber::registry()

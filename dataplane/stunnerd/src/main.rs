@@ -2,9 +2,9 @@
 
 mod logging;
 
-use arc_swap::ArcSwap;
 use base64::Engine as _;
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use logging::LogFormat;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +17,6 @@ use uturn_dataplane::io::{
     select_backend, usable_cpus, BackendChoice, Dataplane, DataplaneConfig, IoBackend,
 };
 use uturn_shared::config::StunnerConfig;
-use uturn_shared::snapshot::Snapshot;
 
 /// STUNner's stunnerd command line, flag for flag.
 #[derive(Parser, Debug)]
@@ -39,8 +38,8 @@ struct Cli {
     #[arg(short = 'l', long = "log")]
     log: Option<String>,
     /// Log format: text or json.
-    #[arg(long = "log-format", default_value = "text", value_parser = ["text", "json"])]
-    log_format: String,
+    #[arg(long = "log-format", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// Instance id <namespace>/<name>.
     #[arg(short = 'i', long = "id")]
     id: Option<String>,
@@ -68,10 +67,10 @@ struct Cli {
     #[arg(
         long = "io-engine",
         env = "UTURN_IO_ENGINE",
-        default_value = "auto",
-        value_parser = ["auto", "uring", "epoll"]
+        value_enum,
+        default_value_t = IoBackendFlag::Auto
     )]
-    io_engine: String,
+    io_engine: IoBackendFlag,
     /// uturn: how long /ready waits for the first EndpointSlice list of each Service that a
     /// KUBERNETES cluster names; after it, ready anyway with a warning (0: do not wait).
     #[arg(long = "discovery-timeout", value_name = "SECONDS", default_value_t = uturn_control::DEFAULT_DISCOVERY_TIMEOUT.as_secs())]
@@ -112,6 +111,30 @@ struct Cli {
     kube: KubeFlags,
     /// turn://user:pass@host:port?transport=udp: run a built-in default config.
     turn_uri: Option<String>,
+}
+
+/// `--io-engine`: which kernel interface the shards use for their sockets. (Not "engine" in
+/// code: that word is the TURN engine.)
+// No `///` on the variants: clap would print them as a second list in `--help`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum IoBackendFlag {
+    // io_uring where the probe passes, else epoll.
+    Auto,
+    // io_uring (glommio), or exit 1 naming why it cannot run.
+    Uring,
+    // epoll readiness, for hosts whose seccomp profile blocks io_uring.
+    Epoll,
+}
+
+impl IoBackendFlag {
+    /// The dataplane's selection request for this flag value.
+    fn choice(self) -> BackendChoice {
+        match self {
+            IoBackendFlag::Auto => BackendChoice::Auto,
+            IoBackendFlag::Uring => BackendChoice::Uring,
+            IoBackendFlag::Epoll => BackendChoice::Epoll,
+        }
+    }
 }
 
 /// The kubectl connection flags stunnerd accepts (used by -c k8s).
@@ -273,7 +296,7 @@ fn main() -> ExitCode {
     let log_spec = cli_log
         .clone()
         .unwrap_or_else(|| config.admin.loglevel.clone());
-    logging::init(&log_spec, &cli.log_format);
+    logging::init(&log_spec, cli.log_format);
     for ignored in &env_ignored {
         tracing::warn!(target: "stunnerd", "{ignored}");
     }
@@ -343,11 +366,7 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    let snapshot = Arc::new(ArcSwap::from_pointee(Snapshot::from_config(
-        &config,
-        1,
-        &|_| Vec::new(),
-    )));
+    let snapshot = uturn_control::first_snapshot(&config);
     let shards = std::env::var("UTURN_SHARDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -355,12 +374,7 @@ fn main() -> ExitCode {
         .unwrap_or_else(usable_cpus);
     let mut nonce_key = [0u8; 32];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce_key);
-    let choice = match cli.io_engine.as_str() {
-        "uring" => BackendChoice::Uring,
-        "epoll" => BackendChoice::Epoll,
-        _ => BackendChoice::Auto,
-    };
-    let backend = match select_backend(choice) {
+    let backend = match select_backend(cli.io_engine.choice()) {
         Ok((backend, why)) => {
             tracing::info!(target: "stunnerd", "io engine: {backend} ({why})");
             backend

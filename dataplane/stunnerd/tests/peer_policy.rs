@@ -352,7 +352,7 @@ fn peer_policy_table_over_entry_points_transports_and_encodings() {
             // A peer takes one channel only (RFC 8656 §12): the same IPv4 peer in two encodings
             // gets two ports.
             let peer = SocketAddr::new(ip, peers.port + (n % 2) as u16);
-            let v6 = uturn_shared::snapshot::canonical_ip(ip).is_ipv6();
+            let v6 = uturn_shared::policy::unmapped_ip(ip).is_ipv6();
             let (link, _) = &mut links[usize::from(v6)];
             let channel = 0x4000 + n as u16;
             let case = format!("{kind} {encoding} {peer}");

@@ -5,15 +5,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use uturn_shared::logspec::{Level, LogSpec};
 
-const LEVELS: [Level; 6] = [
-    Level::Disable,
-    Level::Error,
-    Level::Warn,
-    Level::Info,
-    Level::Debug,
-    Level::Trace,
-];
-
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Warn as u8);
 
 /// Sets the level from a stunnerd-style spec (`all:WARN,turncat:DEBUG`); `verbose` is
@@ -30,7 +21,8 @@ pub fn set_level(level: Level) {
 
 /// Whether messages at `level` are printed.
 pub fn enabled(level: Level) -> bool {
-    let current = LEVELS[usize::from(LEVEL.load(Ordering::Relaxed)).min(LEVELS.len() - 1)];
+    let stored = usize::from(LEVEL.load(Ordering::Relaxed));
+    let current = Level::ALL[stored.min(Level::ALL.len() - 1)];
     current.enables(level)
 }
 

@@ -57,15 +57,23 @@ impl StaticEndpoint {
         })
     }
 
-    /// Whether `ip` lies in the prefix (ports ignored, as at permission time).
-    pub fn contains_ip(&self, ip: IpAddr) -> bool {
-        let (ip, _) = canonical_prefix(ip, 128);
-        ip.is_ipv4() == self.addr.is_ipv4() && masked(ip, self.prefix_len) == self.addr
+    /// Whether this endpoint admits peer `ip` (ports aside, as at permission time) by the peer
+    /// policy: [`crate::policy::endpoint_admits`], so `0.0.0.0/0` does not admit `127.0.0.1`.
+    /// The rules that need the whole snapshot (the gateway's own addresses, 6to4 and Teredo
+    /// relays) are [`crate::snapshot::Snapshot::admits`]'s.
+    pub fn admits_ip(&self, ip: IpAddr) -> bool {
+        crate::policy::endpoint_admits(self.addr, self.prefix_len, ip)
     }
 
-    /// Whether `addr` lies in the prefix and its port in the range (per-datagram admission).
-    pub fn contains(&self, addr: SocketAddr) -> bool {
-        self.contains_ip(addr.ip()) && (self.port_min..=self.port_max).contains(&addr.port())
+    /// Whether `port` lies in the endpoint's port range.
+    pub fn admits_port(&self, port: u16) -> bool {
+        (self.port_min..=self.port_max).contains(&port)
+    }
+
+    /// Whether this endpoint admits `peer`: its IP by [`StaticEndpoint::admits_ip`], its port
+    /// by [`StaticEndpoint::admits_port`] (per-datagram admission).
+    pub fn admits(&self, peer: SocketAddr) -> bool {
+        self.admits_ip(peer.ip()) && self.admits_port(peer.port())
     }
 }
 
@@ -154,11 +162,8 @@ fn split_port_range(s: &str) -> Result<(&str, Option<PortRange>), String> {
 
 /// IPv4-mapped IPv6 prefixes become IPv4 prefixes, so they match peers the way IPv4 does.
 fn canonical_prefix(ip: IpAddr, prefix_len: u8) -> (IpAddr, u8) {
-    match ip {
-        IpAddr::V6(v6) if prefix_len >= 96 => match v6.to_ipv4_mapped() {
-            Some(v4) => (IpAddr::V4(v4), prefix_len - 96),
-            None => (ip, prefix_len),
-        },
+    match (ip, crate::policy::unmapped_ip(ip)) {
+        (IpAddr::V6(_), v4 @ IpAddr::V4(_)) if prefix_len >= 96 => (v4, prefix_len - 96),
         _ => (ip, prefix_len),
     }
 }

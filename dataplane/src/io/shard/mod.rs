@@ -11,7 +11,7 @@
 //! - [`snapshots`]: which snapshot packets are served under.
 //!
 //! The shard composes them: it routes a readiness report to the part that owns the socket,
-//! hands each TURN message to the engine ([`Shard::client_message`], the dispatch point) and
+//! hands each TURN message to the engine ([`Shard::dispatch_turn_message`], the dispatch point) and
 //! carries the engine's answer to the part that sends it. TURN-TCP and TURN-TLS connections
 //! are read when readable and written when the shard flushes (or, when the client is slow,
 //! whenever the socket can take more); TURN-DTLS runs a session per client address over UDP
@@ -335,7 +335,7 @@ impl<D: Driver> Shard<D> {
             let frame = &read.rx.bytes()[range];
             self.counters.listener_rx_packets += 1;
             self.counters.listeners.traffic[read.metric].rx(frame.len());
-            if let Some(n) = self.client_message(now, read.listener, read.client, frame) {
+            if let Some(n) = self.dispatch_turn_message(now, read.listener, read.client, frame) {
                 if self.conns.queue(slot, &self.out[..n]) {
                     self.counters.listeners.traffic[read.metric].tx(n);
                 } else {
@@ -426,7 +426,7 @@ impl<D: Driver> Shard<D> {
             self.dtls_datagram(now, socket, from, data);
             return;
         }
-        if let Some(n) = self.client_message(now, socket.id, from, data) {
+        if let Some(n) = self.dispatch_turn_message(now, socket.id, from, data) {
             socket.send_to(from, &self.out[..n], &mut self.counters);
         }
     }
@@ -453,7 +453,7 @@ impl<D: Driver> Shard<D> {
             return;
         };
         let received = session.receive(now, datagram, &mut scratch, |session, message| {
-            if let Some(n) = self.client_message(now, socket.id, from, message) {
+            if let Some(n) = self.dispatch_turn_message(now, socket.id, from, message) {
                 if !session.send(&self.out[..n]) {
                     self.counters.send_failed += 1;
                 }
@@ -475,9 +475,9 @@ impl<D: Driver> Shard<D> {
         }
     }
 
-    /// One TURN message from `from` on listener `id`, whatever carried it: relays, allocates
-    /// or answers. Returns the length of the reply left in `self.out`, if any.
-    fn client_message(
+    /// The dispatch point for one TURN message from `from` on listener `id`, whatever carried
+    /// it: relays, allocates or answers. Returns the length of the reply left in `self.out`.
+    fn dispatch_turn_message(
         &mut self,
         now: Instant,
         id: ListenerId,
@@ -527,7 +527,7 @@ impl<D: Driver> Shard<D> {
                         if let Some(suppressed) = self.resource_log.allow(now) {
                             tracing::warn!(target: "stunner", "cannot allocate relay socket: {e}{suppressed}");
                         }
-                        Err(())
+                        Err(crate::proto::RelayBindError::from(&e))
                     }
                 };
                 let reply = self

@@ -53,7 +53,7 @@ impl Snapshots {
             let same_listeners = match *newer {
                 Some(known) if known.generation == latest.generation => known.same_listeners,
                 _ => {
-                    let same_listeners = latest.listeners == reconciled.listeners;
+                    let same_listeners = latest.same_listener_runs(reconciled);
                     *newer = Some(NewerSnapshot {
                         generation: latest.generation,
                         same_listeners,

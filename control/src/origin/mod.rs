@@ -1,4 +1,10 @@
-//! Config origins as stunnerd names them, and the one-shot file load.
+//! Config origins as stunnerd names them: which one a `-c` value means, the one-shot load, and
+//! the watchers that follow a file ([`file`]) or a config discovery server ([`cds`]) and send
+//! every new valid config.
+
+pub mod cds;
+pub mod cds_message;
+pub mod file;
 
 use std::path::PathBuf;
 use uturn_shared::config::{parse_config, StunnerConfig};
@@ -72,13 +78,13 @@ pub fn load_once(
             parse_config(&text).map_err(LoadError::Invalid)
         }
         ConfigOrigin::Cds(url) => {
-            let target = crate::cds::CdsTarget::new(url, id, node).map_err(LoadError::Cds)?;
+            let target = cds::CdsTarget::new(url, id, node).map_err(LoadError::Cds)?;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|e| LoadError::Cds(e.to_string()))?;
             runtime
-                .block_on(crate::cds::fetch(&target))
+                .block_on(cds::fetch(&target))
                 .map_err(LoadError::Cds)
         }
         ConfigOrigin::K8s => Err(LoadError::Unsupported(

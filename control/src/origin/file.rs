@@ -6,12 +6,11 @@
 //! contents are skipped; an invalid config is logged with its field and value and skipped, so
 //! the running config stays.
 
-use crate::Event;
+use crate::outbox::Outbox;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc::UnboundedSender;
-use uturn_shared::config::parse_config;
+use uturn_shared::config::{parse_config, StunnerConfig};
 
 const POLL: Duration = Duration::from_millis(200);
 const REREAD: Duration = Duration::from_secs(5);
@@ -38,12 +37,12 @@ fn signature(meta: &std::fs::Metadata) -> Signature {
 }
 
 /// Sends every new valid config the file holds, until the receiver goes away.
-pub async fn watch(path: PathBuf, events: UnboundedSender<Event>) {
+pub async fn watch(path: PathBuf, configs: Outbox<Box<StunnerConfig>>) {
     let mut last_signature = None;
     let mut last_read = Instant::now();
     let mut last_text: Option<String> = None;
     let mut waiting_since_log: Option<Instant> = None;
-    while !events.is_closed() {
+    while !configs.is_closed() {
         match std::fs::metadata(&path) {
             Err(_) => {
                 last_signature = None;
@@ -67,7 +66,7 @@ pub async fn watch(path: PathBuf, events: UnboundedSender<Event>) {
                             match parse_config(&text) {
                                 Ok(config) => {
                                     tracing::info!(target: "stunnerd", "config file {:?} changed: applying it", path.display().to_string());
-                                    let _ = events.send(Event::Config(Box::new(config)));
+                                    let _ = configs.send(Box::new(config));
                                 }
                                 Err(e) => tracing::warn!(
                                     target: "stunnerd",

@@ -3,8 +3,8 @@
 //! the slices list, ready, serving and terminating alike (a draining media pod keeps its calls),
 //! plus the Service's ClusterIPs.
 
+use crate::outbox::Outbox;
 use crate::state::{ServiceChange, SliceAddresses};
-use crate::{Event, ServiceWatch};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -14,9 +14,32 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
-use tokio::sync::mpsc::UnboundedSender;
 
 const CLIENT_RETRY: Duration = Duration::from_secs(5);
+
+/// The Service a watch follows, `<namespace>/<service>`, and which watch of it this is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceWatch {
+    /// `<namespace>/<service>`.
+    pub key: String,
+    /// The [`crate::state::ServiceState::watch`] id the watch was started for.
+    pub watch: u64,
+}
+
+impl std::fmt::Display for ServiceWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.key)
+    }
+}
+
+/// What a Service watch reports: a change one watch of one Service saw.
+#[derive(Debug)]
+pub struct ServiceUpdate {
+    /// The Service and the watch that saw the change.
+    pub service: ServiceWatch,
+    /// The change.
+    pub change: ServiceChange,
+}
 
 /// How to reach the API server: the kubectl flags stunnerd accepts. With none set, kube-rs
 /// infers the config: `KUBECONFIG` or `~/.kube/config`, else the in-cluster service account.
@@ -206,9 +229,9 @@ pub async fn watch_service(
     name: String,
     watch: u64,
     options: KubeOptions,
-    events: UnboundedSender<Event>,
+    updates: Outbox<ServiceUpdate>,
 ) {
-    let key = ServiceWatch {
+    let watched = ServiceWatch {
         key: format!("{namespace}/{name}"),
         watch,
     };
@@ -216,11 +239,12 @@ pub async fn watch_service(
         match client(&options).await {
             Ok(client) => break client,
             Err(e) => {
-                tracing::error!(target: "k8s", "cannot watch Service {key}: {e}; retrying in 5s");
-                if events
-                    .send(Event::Service(key.clone(), ServiceChange::Api(Some(e))))
-                    .is_err()
-                {
+                tracing::error!(target: "k8s", "cannot watch Service {watched}: {e}; retrying in 5s");
+                let failed = ServiceUpdate {
+                    service: watched.clone(),
+                    change: ServiceChange::Api(Some(e)),
+                };
+                if updates.send(failed).is_err() {
                     return;
                 }
                 tokio::time::sleep(CLIENT_RETRY).await;
@@ -228,41 +252,44 @@ pub async fn watch_service(
         }
     };
     tokio::join!(
-        watch_slices(client.clone(), &namespace, &name, &key, &events),
-        watch_cluster_ips(client, &namespace, &name, &key, &events)
+        watch_slices(client.clone(), &namespace, &name, &watched, &updates),
+        watch_cluster_ips(client, &namespace, &name, &watched, &updates)
     );
 }
 
 /// Tracks whether the API server answers, logging each transition once.
 struct ApiHealth<'a> {
-    key: &'a ServiceWatch,
+    watched: &'a ServiceWatch,
     what: &'static str,
     failing: bool,
 }
 
 impl ApiHealth<'_> {
-    fn ok(&mut self, events: &UnboundedSender<Event>) {
+    fn ok(&mut self, updates: &Outbox<ServiceUpdate>) {
         if self.failing {
             self.failing = false;
-            tracing::info!(target: "k8s", "Kubernetes API reachable again: watching {} of Service {}", self.what, self.key);
-            let _ = events.send(Event::Service(self.key.clone(), ServiceChange::Api(None)));
+            tracing::info!(target: "k8s", "Kubernetes API reachable again: watching {} of Service {}", self.what, self.watched);
+            let _ = updates.send(ServiceUpdate {
+                service: self.watched.clone(),
+                change: ServiceChange::Api(None),
+            });
         }
     }
 
-    fn failed(&mut self, error: &watcher::Error, events: &UnboundedSender<Event>) {
+    fn failed(&mut self, error: &watcher::Error, updates: &Outbox<ServiceUpdate>) {
         if !self.failing {
             self.failing = true;
             tracing::warn!(
                 target: "k8s",
                 "Kubernetes API unreachable while watching {} of Service {}: {error}; keeping its last known endpoints",
                 self.what,
-                self.key
+                self.watched
             );
         }
-        let _ = events.send(Event::Service(
-            self.key.clone(),
-            ServiceChange::Api(Some(error.to_string())),
-        ));
+        let _ = updates.send(ServiceUpdate {
+            service: self.watched.clone(),
+            change: ServiceChange::Api(Some(error.to_string())),
+        });
     }
 }
 
@@ -271,30 +298,34 @@ impl ApiHealth<'_> {
 async fn follow<K>(
     api: Api<K>,
     config: watcher::Config,
-    key: &ServiceWatch,
+    watched: &ServiceWatch,
     what: &'static str,
-    events: &UnboundedSender<Event>,
+    updates: &Outbox<ServiceUpdate>,
     mut translate: impl FnMut(watcher::Event<K>) -> Option<ServiceChange>,
 ) where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
     let mut stream = std::pin::pin!(watcher(api, config).default_backoff());
     let mut health = ApiHealth {
-        key,
+        watched,
         what,
         failing: false,
     };
     while let Some(item) = stream.next().await {
         match item {
             Ok(event) => {
-                health.ok(events);
+                health.ok(updates);
                 if let Some(change) = translate(event) {
-                    if events.send(Event::Service(key.clone(), change)).is_err() {
+                    let update = ServiceUpdate {
+                        service: watched.clone(),
+                        change,
+                    };
+                    if updates.send(update).is_err() {
                         return;
                     }
                 }
             }
-            Err(e) => health.failed(&e, events),
+            Err(e) => health.failed(&e, updates),
         }
     }
 }
@@ -303,8 +334,8 @@ async fn watch_slices(
     client: Client,
     namespace: &str,
     name: &str,
-    key: &ServiceWatch,
-    events: &UnboundedSender<Event>,
+    watched: &ServiceWatch,
+    updates: &Outbox<ServiceUpdate>,
 ) {
     let api: Api<EndpointSlice> = Api::namespaced(client, namespace);
     let config = watcher::Config::default().labels(&format!("kubernetes.io/service-name={name}"));
@@ -314,9 +345,9 @@ async fn watch_slices(
     follow(
         api,
         config,
-        key,
+        watched,
         "EndpointSlices",
-        events,
+        updates,
         |event| match event {
             watcher::Event::Init => {
                 relist = Some(BTreeMap::new());
@@ -343,13 +374,13 @@ async fn watch_cluster_ips(
     client: Client,
     namespace: &str,
     name: &str,
-    key: &ServiceWatch,
-    events: &UnboundedSender<Event>,
+    watched: &ServiceWatch,
+    updates: &Outbox<ServiceUpdate>,
 ) {
     let api: Api<Service> = Api::namespaced(client, namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut relist: Option<Vec<IpAddr>> = None;
-    follow(api, config, key, "the Service", events, |event| {
+    follow(api, config, watched, "the Service", updates, |event| {
         let ips = match event {
             watcher::Event::Init => {
                 relist = Some(Vec::new());

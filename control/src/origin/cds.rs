@@ -3,12 +3,12 @@
 //! change, pings every 5 s, gives up on a connection silent for 8 s and reconnects every
 //! second, forever.
 
-use crate::cds_message::{parse_message, CdsMessage};
-use crate::Event;
+use super::cds_message::{parse_message, CdsMessage};
+use crate::outbox::Outbox;
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Empty};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use std::time::Duration;
-use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
@@ -96,16 +96,16 @@ impl CdsTarget {
     }
 }
 
+/// What a query value keeps unescaped: RFC 3986's unreserved characters, as stunnerd's Go
+/// client (`url.Values.Encode`) does for a node name.
+const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 fn encode_query(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    utf8_percent_encode(value, QUERY_VALUE).to_string()
 }
 
 /// One HTTP GET of the gateway's config; exactly one valid config is expected.
@@ -161,10 +161,10 @@ async fn get(target: &CdsTarget, path: &str) -> Result<(u16, String), String> {
 
 /// Watches the gateway's config over a WebSocket and sends every valid one, reconnecting
 /// every second on any error, until the receiver goes away.
-pub async fn watch(target: CdsTarget, events: UnboundedSender<Event>) {
+pub async fn watch(target: CdsTarget, configs: Outbox<Box<StunnerConfig>>) {
     let url = target.watch_url();
-    while !events.is_closed() {
-        if let Err(e) = watch_once(&target, &url, &events).await {
+    while !configs.is_closed() {
+        if let Err(e) = watch_once(&target, &url, &configs).await {
             tracing::warn!(target: "cds-client", "config discovery watch on {url}: {e}; retrying in 1s");
         }
         sleep(RETRY_PERIOD).await;
@@ -174,7 +174,7 @@ pub async fn watch(target: CdsTarget, events: UnboundedSender<Event>) {
 async fn watch_once(
     target: &CdsTarget,
     url: &str,
-    events: &UnboundedSender<Event>,
+    configs: &Outbox<Box<StunnerConfig>>,
 ) -> Result<(), String> {
     let mut request = url.into_client_request().map_err(|e| e.to_string())?;
     let origin = HeaderValue::from_str(&format!("http://{}", target.authority))
@@ -206,7 +206,7 @@ async fn watch_once(
                 let frame = frame.map_err(|e| format!("read failed: {e}"))?;
                 deadline = Instant::now() + READ_DEADLINE;
                 match frame {
-                    Message::Text(text) => handle_frame(text.as_str(), url, events),
+                    Message::Text(text) => handle_frame(text.as_str(), url, configs),
                     Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
                     Message::Close(_) => return Err("connection closed by the server".into()),
                     Message::Binary(_) => return Err("unexpected binary frame".into()),
@@ -216,7 +216,7 @@ async fn watch_once(
     }
 }
 
-fn handle_frame(text: &str, url: &str, events: &UnboundedSender<Event>) {
+fn handle_frame(text: &str, url: &str, configs: &Outbox<Box<StunnerConfig>>) {
     match parse_message(text) {
         CdsMessage::Empty => {
             tracing::debug!(target: "cds-client", "ignoring zero-length config");
@@ -225,7 +225,7 @@ fn handle_frame(text: &str, url: &str, events: &UnboundedSender<Event>) {
             tracing::info!(target: "cds-client", "Ignoring delete configuration update from {url}");
         }
         CdsMessage::Config(config) => {
-            let _ = events.send(Event::Config(config));
+            let _ = configs.send(config);
         }
         CdsMessage::Invalid(e) => tracing::warn!(
             target: "cds-client",
@@ -253,6 +253,11 @@ mod tests {
         let t = CdsTarget::new("ws://cds.stunner-system:9000/x", "a/b", None).unwrap();
         assert_eq!(t.authority, "cds.stunner-system:9000");
         assert_eq!(t.path(true), "/api/v1/configs/a/b?watch=true");
+        let t = CdsTarget::new("http://a", "a/b", Some("node 1/é~x")).unwrap();
+        assert_eq!(
+            t.path(false),
+            "/api/v1/configs/a/b?node=node%201%2F%C3%A9~x"
+        );
         let t = CdsTarget::new("http://stunner-cds", "a/b", Some("")).unwrap();
         assert_eq!(t.authority, "stunner-cds:13478");
         assert!(CdsTarget::new("https://x:1", "a/b", None)

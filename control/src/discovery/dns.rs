@@ -1,18 +1,26 @@
 //! STRICT_DNS clusters: each hostname is re-resolved every 5 s on the control thread's
 //! blocking pool (never on a shard). A failed lookup keeps the last addresses.
 
-use crate::Event;
+use crate::outbox::Outbox;
 use std::net::IpAddr;
 use std::time::Duration;
-use tokio::sync::mpsc::UnboundedSender;
 
 /// How often a STRICT_DNS hostname is resolved again.
 pub const RESOLVE_PERIOD: Duration = Duration::from_secs(5);
 
+/// What a resolver reports: the addresses a hostname resolves to now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsUpdate {
+    /// The STRICT_DNS hostname.
+    pub hostname: String,
+    /// Its addresses, sorted, without duplicates.
+    pub addresses: Vec<IpAddr>,
+}
+
 /// Resolves `hostname` with the system resolver every [`RESOLVE_PERIOD`] and sends the
 /// address set when it changes.
-pub async fn resolve_forever(hostname: String, events: UnboundedSender<Event>) {
-    resolve_with(hostname, events, RESOLVE_PERIOD, |host| async move {
+pub async fn resolve_forever(hostname: String, updates: Outbox<DnsUpdate>) {
+    resolve_with(hostname, updates, RESOLVE_PERIOD, |host| async move {
         tokio::net::lookup_host((host.as_str(), 0))
             .await
             .map(|addrs| addrs.map(|a| a.ip()).collect())
@@ -24,7 +32,7 @@ pub async fn resolve_forever(hostname: String, events: UnboundedSender<Event>) {
 /// changes; a failed lookup keeps the last set.
 pub async fn resolve_with<F, Fut>(
     hostname: String,
-    events: UnboundedSender<Event>,
+    updates: Outbox<DnsUpdate>,
     period: Duration,
     lookup: F,
 ) where
@@ -33,7 +41,7 @@ pub async fn resolve_with<F, Fut>(
 {
     let mut last: Option<Vec<IpAddr>> = None;
     let mut failing = false;
-    while !events.is_closed() {
+    while !updates.is_closed() {
         match lookup(hostname.clone()).await {
             Ok(mut ips) => {
                 ips.sort();
@@ -45,7 +53,10 @@ pub async fn resolve_with<F, Fut>(
                 if last.as_ref() != Some(&ips) {
                     tracing::debug!(target: "stunner", "STRICT_DNS {hostname:?} resolved to {ips:?}");
                     last = Some(ips.clone());
-                    let _ = events.send(Event::Dns(hostname.clone(), ips));
+                    let _ = updates.send(DnsUpdate {
+                        hostname: hostname.clone(),
+                        addresses: ips,
+                    });
                 }
             }
             Err(e) => {
@@ -86,7 +97,7 @@ mod tests {
         let counter = calls.clone();
         let task = resolve_with(
             "media.example".into(),
-            tx,
+            Outbox::new(tx),
             Duration::from_millis(10),
             move |_| {
                 counter.fetch_add(1, Ordering::Relaxed);
@@ -105,8 +116,8 @@ mod tests {
             let handle = tokio::spawn(task);
             let mut sets = Vec::new();
             while sets.len() < 2 {
-                if let Some(Event::Dns(_, ips)) = rx.recv().await {
-                    sets.push(ips);
+                if let Some(DnsUpdate { addresses, .. }) = rx.recv().await {
+                    sets.push(addresses);
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -35,7 +35,7 @@ fn boot_time() -> Option<u64> {
 }
 
 /// Appends `process_*` metrics.
-pub fn render(out: &mut String) {
+pub(crate) fn render(out: &mut String) {
     let fields = stat_fields();
     let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
     let ticks = clock_ticks();

@@ -1,0 +1,186 @@
+//! The IO contract: what the engine takes from the shell and gives back. Listener and relay
+//! handles, the actions a client or peer datagram turns into (transmits as a range of the input
+//! or of the output buffer), the relay socket request and its answer, and the drop reasons
+//! every counter is keyed by.
+
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+use uturn_shared::policy::unmapped_ip;
+use uturn_shared::snapshot::{ClusterId, ListenerSpec};
+
+/// Bytes the shell leaves free in front of a peer datagram, so ChannelData can be framed in place.
+pub const PEER_HEADROOM: usize = 4;
+
+/// The shell's handle for a running listener, stable across reconciles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ListenerId(pub u32);
+
+/// The engine's handle for an allocation and its relay socket (an index the shell mirrors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RelayId(pub u32);
+
+/// A listener as the engine sees it on each call.
+#[derive(Debug, Clone, Copy)]
+pub struct ListenerRef<'a> {
+    /// The shell's id for it.
+    pub id: ListenerId,
+    /// Its spec in the running snapshot.
+    pub spec: &'a ListenerSpec,
+}
+
+/// What the shell must do with a datagram a client sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientAction {
+    /// Nothing to send; the datagram was consumed or dropped for `reason`.
+    Drop(DropReason),
+    /// Send `out[..len]` back to the client from the listener socket.
+    Reply(usize),
+    /// Send `data[payload]` to `peer` from relay socket `relay`.
+    Relay {
+        /// Relay socket to send from.
+        relay: RelayId,
+        /// Peer address.
+        peer: SocketAddr,
+        /// Payload, a range of the input datagram.
+        payload: Range<usize>,
+        /// The cluster that admitted the peer (for per-cluster counters).
+        cluster: ClusterId,
+    },
+    /// Bind a relay socket as described, then call [`super::Engine::complete_allocate`].
+    AllocateRelay(RelayRequest),
+}
+
+/// A request for a relay socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayRequest {
+    /// The slot the socket belongs to.
+    pub relay: RelayId,
+    /// Address family to bind (the wildcard of that family).
+    pub family: Family,
+    /// RFC 8656 EVEN-PORT: the port must be even.
+    pub even_port: bool,
+    /// RFC 8656 DONT-FRAGMENT: set DF on relayed IPv4 datagrams.
+    pub dont_fragment: bool,
+}
+
+/// Why the shell could not bind (or watch) the relay socket an Allocate asked for; the client
+/// gets 508 whatever the cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayBindError {
+    /// The kind of the OS error (EMFILE and ENFILE, out of descriptors, are the usual ones).
+    pub kind: std::io::ErrorKind,
+}
+
+impl From<&std::io::Error> for RelayBindError {
+    fn from(error: &std::io::Error) -> Self {
+        RelayBindError { kind: error.kind() }
+    }
+}
+
+/// An IP address family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// IPv4.
+    V4,
+    /// IPv6.
+    V6,
+}
+
+impl Family {
+    /// The family of `ip` once canonical (an IPv4-mapped IPv6 address is IPv4).
+    pub(super) fn of(ip: IpAddr) -> Family {
+        match unmapped_ip(ip) {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+}
+
+/// What the shell must do with a datagram a peer sent to a relay socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerAction {
+    /// Dropped for `reason`.
+    Drop(DropReason),
+    /// Send to `client` from listener `listener`: `buf[range]` (ChannelData framed in place)
+    /// or `out[..len]` (a Data indication).
+    ToClient {
+        /// Listener whose socket sends.
+        listener: ListenerId,
+        /// Client address.
+        client: SocketAddr,
+        /// Where the bytes are.
+        bytes: Bytes,
+        /// The cluster that admitted the peer.
+        cluster: ClusterId,
+        /// Payload bytes received from the peer.
+        payload_len: usize,
+    },
+}
+
+/// Where outgoing bytes lie.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bytes {
+    /// A range of the caller's input buffer.
+    Input(Range<usize>),
+    /// The first `n` bytes of the caller's output buffer.
+    Output(usize),
+}
+
+/// Why a datagram produced nothing. Every reason is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// Not a STUN message or ChannelData, or a malformed one.
+    Malformed,
+    /// A STUN response or unhandled method/class, ignored.
+    Unhandled,
+    /// Indication or ChannelData on a 5-tuple with no allocation.
+    NoAllocation,
+    /// ChannelData on an unbound (or expired) channel.
+    NoChannel,
+    /// Send indication or peer datagram without a permission.
+    NoPermission,
+    /// The peer address is not in a routed cluster (IP and port).
+    NotAdmitted,
+    /// The output buffer was too small (our bug).
+    Internal,
+    /// A 401/438 challenge not sent: its source IP spent its challenge budget.
+    RateLimited,
+    /// A reply to an unauthenticated request not sent: it would have been more than
+    /// [`super::AMPLIFICATION_FACTOR`] times the request (a 401 to a 20-byte request).
+    Amplification,
+}
+
+impl DropReason {
+    /// Every reason, for counters.
+    pub const ALL: [DropReason; 9] = [
+        DropReason::Malformed,
+        DropReason::Unhandled,
+        DropReason::NoAllocation,
+        DropReason::NoChannel,
+        DropReason::NoPermission,
+        DropReason::NotAdmitted,
+        DropReason::Internal,
+        DropReason::RateLimited,
+        DropReason::Amplification,
+    ];
+
+    /// Stable index into counter arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Name for logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::Malformed => "malformed",
+            DropReason::Unhandled => "unhandled",
+            DropReason::NoAllocation => "no_allocation",
+            DropReason::NoChannel => "no_channel",
+            DropReason::NoPermission => "no_permission",
+            DropReason::NotAdmitted => "not_admitted",
+            DropReason::Internal => "internal",
+            DropReason::RateLimited => "rate_limited",
+            DropReason::Amplification => "amplification",
+        }
+    }
+}

@@ -1,0 +1,571 @@
+//! The [`Engine`]: one shard's TURN state machine. It composes the allocation store, the
+//! authenticator and the per-source budgets, dispatches each message to its handler and turns
+//! the handler's verdict into the reply, transmit or drop the shell acts on.
+
+use super::allocate::{self, AllocateRequest, PendingAllocate};
+use super::auth::{Authenticated, Authenticator};
+use super::contract::{
+    ClientAction, DropReason, ListenerId, ListenerRef, PeerAction, RelayBindError, RelayId,
+    RelayRequest,
+};
+use super::error::RequestError;
+use super::limits::{AllocationLedger, ChallengeLimiter, Limits, QuotaError};
+use super::ratelimit::LogLimiter;
+use super::store::{AllocationStore, ClientKey};
+use super::wire::{self, ResponseWriter};
+use super::{permission, relay, AMPLIFICATION_FACTOR, SWEEP_INTERVAL};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+use stun_proto::types::message::{IntegrityKey, Message, MessageClass, BINDING};
+use turn_types::attribute::Lifetime;
+use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, REFRESH, SEND};
+use uturn_shared::snapshot::Snapshot;
+
+/// Engine construction parameters.
+#[derive(Clone)]
+pub struct EngineConfig {
+    /// An instant and the unix time (seconds) it corresponds to: the engine derives wall-clock
+    /// time (ephemeral credentials, nonces) from the `now` it is given.
+    pub epoch: Instant,
+    /// Unix seconds at `epoch`.
+    pub epoch_unix: u64,
+    /// Secret for stateless nonces; share it between shards so any shard accepts them.
+    pub nonce_key: [u8; 32],
+    /// Caps set by flags.
+    pub limits: Limits,
+    /// Allocations held per user-id and in all; share it between shards.
+    pub ledger: Arc<AllocationLedger>,
+}
+
+impl EngineConfig {
+    /// A config with default [`Limits`] and a ledger of its own.
+    pub fn new(epoch: Instant, epoch_unix: u64, nonce_key: [u8; 32]) -> EngineConfig {
+        EngineConfig {
+            epoch,
+            epoch_unix,
+            nonce_key,
+            limits: Limits::default(),
+            ledger: Arc::new(AllocationLedger::new()),
+        }
+    }
+}
+
+/// Per-shard counters, plain integers (the shard owns them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Datagrams dropped, by [`DropReason::index`].
+    pub dropped: [u64; DropReason::ALL.len()],
+    /// Allocations ever created.
+    pub allocations_created: u64,
+    /// Allocations that expired or were deleted.
+    pub allocations_deleted: u64,
+    /// Requests whose credentials were refused (a 401 to a request with MESSAGE-INTEGRITY).
+    pub auth_failures: u64,
+    /// Allocates refused for a quota: the user-id's (486) or the global cap (508).
+    pub quota_refusals: u64,
+}
+
+impl EngineStats {
+    /// Counts a datagram dropped for `reason`, and gives the reason back.
+    pub(super) fn count_drop(&mut self, reason: DropReason) -> DropReason {
+        self.dropped[reason.index()] += 1;
+        reason
+    }
+}
+
+/// The TURN state machine of one shard.
+///
+/// It never opens a socket or reads a clock: every call takes `now` and the current
+/// [`Snapshot`], and returns what the IO shell must do. The shell drives it in this order:
+///
+/// 1. A datagram (or a stream frame) from a client on a listener → [`Engine::handle_client`];
+///    act on the [`ClientAction`] it returns. On [`ClientAction::AllocateRelay`], bind a relay
+///    socket as the [`RelayRequest`] asks and answer at once, before any other call, with
+///    [`Engine::complete_allocate`] (the port, or the [`RelayBindError`]); send the reply it
+///    writes.
+/// 2. A datagram from a peer on relay socket `r`, read into `buf[PEER_HEADROOM..]` →
+///    [`Engine::handle_peer`]; send what the [`PeerAction`] says.
+/// 3. When the instant [`Engine::poll_timeout`] gives passes, call [`Engine::handle_timeout`];
+///    ask `poll_timeout` again after every call, as a new allocation starts the timer.
+/// 4. After any call, drain [`Engine::poll_close`] and close those relay sockets.
+/// 5. A listener closed or restarted → [`Engine::close_listener`]; a stream connection or
+///    DTLS session ended → [`Engine::close_client`]; then drain `poll_close` as in 4.
+pub struct Engine {
+    config: EngineConfig,
+    auth: Authenticator,
+    allocations: AllocationStore,
+    /// The Allocate waiting for [`Engine::complete_allocate`].
+    pending: Option<PendingAllocate>,
+    /// Relay sockets the shell must close, drained by [`Engine::poll_close`].
+    relays_to_close: Vec<RelayId>,
+    next_sweep: Option<Instant>,
+    /// Transaction ids of Data indications: a CSPRNG of this engine's own, seeded from the
+    /// OS, so the ids reveal nothing of the nonce key nor repeat another shard's.
+    indication_txids: StdRng,
+    stats: EngineStats,
+    denial_log: LogLimiter,
+    challenges: ChallengeLimiter,
+}
+
+impl Engine {
+    /// A new engine with no allocations.
+    pub fn new(config: EngineConfig) -> Engine {
+        Engine {
+            challenges: ChallengeLimiter::new(
+                config.limits.challenge_rate,
+                config.limits.challenge_burst,
+                config.epoch,
+            ),
+            auth: Authenticator::new(config.nonce_key, config.epoch, config.epoch_unix),
+            config,
+            allocations: AllocationStore::new(),
+            pending: None,
+            relays_to_close: Vec::new(),
+            next_sweep: None,
+            indication_txids: StdRng::from_entropy(),
+            stats: EngineStats::default(),
+            denial_log: LogLimiter::default(),
+        }
+    }
+
+    /// Live allocations on this shard.
+    pub fn allocation_count(&self) -> usize {
+        self.allocations.len()
+    }
+
+    /// The counters of this shard.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    fn dropped(&mut self, reason: DropReason) -> DropReason {
+        self.stats.count_drop(reason)
+    }
+
+    /// Handles one datagram a client sent to `listener` from `from`, writing any reply into
+    /// `out` (at least 1500 bytes).
+    pub fn handle_client(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        listener: ListenerRef<'_>,
+        from: SocketAddr,
+        data: &[u8],
+        out: &mut [u8],
+    ) -> ClientAction {
+        // RFC 8656 §12.4: ChannelData starts with 0b01; STUN messages start with 0b00.
+        match data.first().map(|b| b >> 6) {
+            Some(0b01) => relay::channel_data(
+                &mut self.allocations,
+                &mut self.stats,
+                now,
+                snap,
+                listener.id,
+                from,
+                data,
+            ),
+            Some(0b00) => match Message::from_bytes(data) {
+                Ok(msg) => self.dispatch_stun(now, snap, listener, from, &msg, out),
+                Err(_) => ClientAction::Drop(self.dropped(DropReason::Malformed)),
+            },
+            _ => ClientAction::Drop(self.dropped(DropReason::Malformed)),
+        }
+    }
+
+    /// Sends a STUN message to the handler of its class and method.
+    // Out of line so that `handle_client` stays small enough for the ChannelData path to be
+    // inlined whole: a STUN message costs a parse anyway, a call is nothing beside it.
+    #[inline(never)]
+    fn dispatch_stun(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        listener: ListenerRef<'_>,
+        from: SocketAddr,
+        msg: &Message<'_>,
+        out: &mut [u8],
+    ) -> ClientAction {
+        let class = msg.class();
+        let method = msg.method();
+        let key = ClientKey {
+            listener: listener.id,
+            client: from,
+        };
+        if class == MessageClass::Indication {
+            if method == SEND {
+                return relay::send_indication(
+                    &mut self.allocations,
+                    &mut self.stats,
+                    now,
+                    snap,
+                    key,
+                    msg,
+                );
+            }
+            // Binding indications are keepalives; nothing to answer.
+            return ClientAction::Drop(self.dropped(DropReason::Unhandled));
+        }
+        if class != MessageClass::Request {
+            return ClientAction::Drop(self.dropped(DropReason::Unhandled));
+        }
+        if method == BINDING {
+            // RFC 8489 §6.3.1 / stunnerd: Binding is answered without authentication.
+            return match wire::binding_success(msg, from, out) {
+                Some(n) => self.within_amplification_bound(msg, n),
+                None => ClientAction::Drop(self.dropped(DropReason::Internal)),
+            };
+        }
+        if ![ALLOCATE, REFRESH, CREATE_PERMISSION, CHANNEL_BIND].contains(&method) {
+            // Unknown requests (and RFC 6062 Connect on UDP) get 400, never silence that could
+            // be mistaken for loss.
+            return self.reply_unauthenticated(msg, RequestError::UnknownMethod, out);
+        }
+        // RFC 8489 §6.3.1: unknown comprehension-required attributes → 420.
+        let unknown = wire::unknown_required_attributes(msg);
+        if !unknown.is_empty() {
+            return self.reply_unauthenticated(msg, RequestError::UnknownAttributes(unknown), out);
+        }
+        // RFC 8656 §7.2: a retransmitted Allocate is answered from the cached response, so
+        // a lost success does not turn into 437.
+        if method == ALLOCATE {
+            if let Some(alloc) = self
+                .allocations
+                .slot_of(&key)
+                .and_then(|slot| self.allocations.get(slot))
+            {
+                if alloc.allocate_txid == msg.transaction_id()
+                    && alloc.allocate_response.len() <= out.len()
+                {
+                    let n = alloc.allocate_response.len();
+                    out[..n].copy_from_slice(&alloc.allocate_response);
+                    return self.within_amplification_bound(msg, n);
+                }
+            }
+        }
+        let authenticated = match self.auth.authenticate(now, snap, from, msg) {
+            Ok(authenticated) => authenticated,
+            Err(error) => {
+                let challenge = error.challenge().is_some();
+                let action = self.reply_unauthenticated(msg, error, out);
+                // Challenges are the one reply an unauthenticated source gets larger than its
+                // request: budget them per source IP. On UDP the source may be spoofed (a
+                // reflection); on TCP, TLS and DTLS it is not, but a client that pipelines
+                // requests and never authenticates must not get answers without end either.
+                // A token is spent only on a challenge that is sent.
+                if challenge
+                    && matches!(action, ClientAction::Reply(_))
+                    && !self.challenges.allow(from.ip(), now)
+                {
+                    return ClientAction::Drop(self.dropped(DropReason::RateLimited));
+                }
+                return action;
+            }
+        };
+        let existing = self.allocations.slot_of(&key);
+        if method == ALLOCATE {
+            if existing.is_some() {
+                // RFC 8656 §7.2 step 2: 5-tuple already in use.
+                return self.reply_error(
+                    msg,
+                    RequestError::AllocationExists,
+                    Some(&authenticated.integrity),
+                    out,
+                );
+            }
+            return self.handle_allocate(snap, listener, key, authenticated, msg, out);
+        }
+        // RFC 8656 §7.3, §9.2, §11.2: no allocation on this 5-tuple → 437.
+        let Some(slot) = existing else {
+            return self.reply_error(
+                msg,
+                RequestError::NoAllocation,
+                Some(&authenticated.integrity),
+                out,
+            );
+        };
+        // RFC 8656 §5: requests on an allocation must use the credentials that created it.
+        if self
+            .allocations
+            .get(slot)
+            .is_none_or(|a| a.username != authenticated.username)
+        {
+            return self.reply_error(msg, RequestError::WrongCredentials, None, out);
+        }
+        match self.handle_allocation_request(now, snap, slot, msg) {
+            Ok(lifetime) => {
+                let mut w = ResponseWriter::success(msg, out);
+                if let Some(seconds) = lifetime {
+                    w.add(&Lifetime::new(seconds));
+                }
+                match w.finish(Some(&authenticated.integrity)) {
+                    Some(n) => ClientAction::Reply(n),
+                    None => ClientAction::Drop(self.dropped(DropReason::Internal)),
+                }
+            }
+            Err(error) => self.reply_error(msg, error, Some(&authenticated.integrity), out),
+        }
+    }
+
+    /// A Refresh, CreatePermission or ChannelBind on the allocation in `slot`, authenticated
+    /// as its owner: the LIFETIME for the success response, if it carries one.
+    fn handle_allocation_request(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        slot: u32,
+        msg: &Message<'_>,
+    ) -> Result<Option<u32>, RequestError> {
+        let max_permissions = self.config.limits.max_permissions;
+        let Some(alloc) = self.allocations.get_mut(slot) else {
+            return Err(RequestError::NoAllocation);
+        };
+        let denial_log = &mut self.denial_log;
+        match msg.method() {
+            REFRESH => {
+                let lifetime = allocate::refresh(alloc, now, msg)?;
+                if lifetime.is_zero() {
+                    self.delete_allocation(slot);
+                }
+                Ok(Some(lifetime.as_secs() as u32))
+            }
+            CREATE_PERMISSION => {
+                permission::create_permission(alloc, msg, snap, now, max_permissions, denial_log)
+                    .map(|()| None)
+            }
+            _ => permission::channel_bind(alloc, msg, snap, now, max_permissions, denial_log)
+                .map(|()| None),
+        }
+    }
+
+    fn reply_error(
+        &mut self,
+        msg: &Message<'_>,
+        error: RequestError,
+        integrity: Option<&IntegrityKey>,
+        out: &mut [u8],
+    ) -> ClientAction {
+        match wire::error_response(msg, &error, error.reason(), integrity, out) {
+            Some(n) => ClientAction::Reply(n),
+            None => ClientAction::Drop(self.dropped(DropReason::Internal)),
+        }
+    }
+
+    /// An error reply to a request that did not authenticate, within
+    /// [`AMPLIFICATION_FACTOR`] times the request's size: the reason phrase goes first (RFC
+    /// 8489 §14.8: it is for humans), then the whole reply (dropped and counted).
+    fn reply_unauthenticated(
+        &mut self,
+        msg: &Message<'_>,
+        error: RequestError,
+        out: &mut [u8],
+    ) -> ClientAction {
+        let budget = AMPLIFICATION_FACTOR * msg.as_bytes().len();
+        let n = match wire::error_response(msg, &error, error.reason(), None, out) {
+            Some(n) if n > budget => wire::error_response(msg, &error, "", None, out),
+            written => written,
+        };
+        let Some(n) = n else {
+            return ClientAction::Drop(self.dropped(DropReason::Internal));
+        };
+        let action = self.within_amplification_bound(msg, n);
+        // The first 401 (no credentials yet) and 438 are the normal challenge; only a 401 to a
+        // request whose MESSAGE-INTEGRITY was checked counts as refused credentials.
+        if matches!(error, RequestError::CredentialsRefused(_))
+            && matches!(action, ClientAction::Reply(_))
+        {
+            self.stats.auth_failures += 1;
+        }
+        action
+    }
+
+    /// `out[..n]`, a reply to the unauthenticated request `msg`, if it is at most
+    /// [`AMPLIFICATION_FACTOR`] times as large; otherwise nothing, counted.
+    fn within_amplification_bound(&mut self, msg: &Message<'_>, n: usize) -> ClientAction {
+        if n <= AMPLIFICATION_FACTOR * msg.as_bytes().len() {
+            ClientAction::Reply(n)
+        } else {
+            ClientAction::Drop(self.dropped(DropReason::Amplification))
+        }
+    }
+
+    /// An authenticated Allocate on a free 5-tuple: reserves quota and a relay slot, and asks
+    /// the shell for the relay socket.
+    fn handle_allocate(
+        &mut self,
+        snap: &Snapshot,
+        listener: ListenerRef<'_>,
+        key: ClientKey,
+        authenticated: Authenticated,
+        msg: &Message<'_>,
+        out: &mut [u8],
+    ) -> ClientAction {
+        let integrity = Some(&authenticated.integrity);
+        let request: AllocateRequest = match allocate::allocate_request(msg, listener.spec) {
+            Ok(request) => request,
+            Err(error) => return self.reply_error(msg, error, integrity, out),
+        };
+        // Reserved here, released in `complete_allocate` on a bind failure or in
+        // `delete_allocation`.
+        let user_quota = snap.user_quota;
+        let max_allocations = self.config.limits.max_allocations;
+        if let Err(refused) =
+            self.config
+                .ledger
+                .reserve(&authenticated.user_id, user_quota, max_allocations)
+        {
+            self.stats.quota_refusals += 1;
+            let error = match refused {
+                QuotaError::User => RequestError::UserQuotaReached,
+                QuotaError::Global => RequestError::AllocationCapReached,
+            };
+            return self.reply_error(msg, error, integrity, out);
+        }
+        let relay = self.allocations.reserve_slot();
+        let relay_request = RelayRequest {
+            relay,
+            family: request.family,
+            even_port: request.even_port,
+            dont_fragment: request.dont_fragment,
+        };
+        self.pending = Some(PendingAllocate::new(
+            relay,
+            key,
+            listener.spec,
+            &request,
+            authenticated,
+            msg,
+        ));
+        ClientAction::AllocateRelay(relay_request)
+    }
+
+    /// Completes the Allocate that asked for `relay`: `bound_port` is the relay socket's port,
+    /// or why it could not be bound. Returns the length of the reply written to `out`.
+    pub fn complete_allocate(
+        &mut self,
+        now: Instant,
+        relay: RelayId,
+        bound_port: Result<u16, RelayBindError>,
+        out: &mut [u8],
+    ) -> Option<usize> {
+        let pending = self.pending.take().filter(|p| p.relay == relay)?;
+        let port = match bound_port {
+            Ok(port) => port,
+            Err(bind_error) => {
+                self.allocations.release_slot(relay);
+                self.config.ledger.release(&pending.user_id);
+                let error = RequestError::RelayBindFailed(bind_error);
+                return wire::error_response_raw(
+                    ALLOCATE,
+                    pending.txid,
+                    &error,
+                    error.reason(),
+                    Some(&pending.integrity),
+                    out,
+                );
+            }
+        };
+        let relay_addr = SocketAddr::new(pending.advertised_ip, port);
+        let Some(n) = wire::allocate_success(
+            pending.txid,
+            relay_addr,
+            pending.key.client,
+            pending.lifetime.as_secs() as u32,
+            &pending.integrity,
+            out,
+        ) else {
+            // `out` too small (our bug): the relay socket is closed and nothing is held.
+            self.allocations.release_slot(relay);
+            self.relays_to_close.push(relay);
+            self.config.ledger.release(&pending.user_id);
+            self.dropped(DropReason::Internal);
+            return None;
+        };
+        self.allocations
+            .insert(relay, pending.into_allocation(now, out[..n].to_vec()));
+        self.stats.allocations_created += 1;
+        self.next_sweep.get_or_insert(now + SWEEP_INTERVAL);
+        Some(n)
+    }
+
+    /// Handles a datagram from `peer` on relay socket `relay`. The payload is
+    /// `buf[PEER_HEADROOM..]`; the first `PEER_HEADROOM` bytes are free for framing.
+    pub fn handle_peer(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        relay: RelayId,
+        peer: SocketAddr,
+        buf: &mut [u8],
+        out: &mut [u8],
+    ) -> PeerAction {
+        let Some(alloc) = self.allocations.get_mut(relay.0) else {
+            return PeerAction::Drop(self.dropped(DropReason::NoAllocation));
+        };
+        relay::peer_datagram(
+            alloc,
+            &mut self.stats,
+            now,
+            snap,
+            peer,
+            buf,
+            out,
+            &mut self.indication_txids,
+        )
+    }
+
+    /// When [`Engine::handle_timeout`] should next run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.next_sweep
+    }
+
+    /// Expires allocations, permissions and channels whose time has passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for slot in self.allocations.expired(now) {
+            self.delete_allocation(slot);
+        }
+        self.allocations.expire_permissions_and_channels(now);
+        self.next_sweep = if self.allocations.is_empty() {
+            None
+        } else {
+            Some(now + SWEEP_INTERVAL)
+        };
+    }
+
+    /// Drops every allocation made on `listener` (it was closed or restarted).
+    pub fn close_listener(&mut self, listener: ListenerId) {
+        for slot in self.allocations.on_listener(listener) {
+            self.delete_allocation(slot);
+        }
+    }
+
+    /// Drops the allocation of `client` on `listener`, if any: its stream connection (TCP,
+    /// TLS) or DTLS session closed (RFC 8656 §3.1: the allocation lives no longer).
+    pub fn close_client(&mut self, listener: ListenerId, client: SocketAddr) {
+        if let Some(slot) = self.allocations.slot_of(&ClientKey { listener, client }) {
+            self.delete_allocation(slot);
+        }
+    }
+
+    /// Whether `client` holds an allocation on `listener`.
+    pub fn has_allocation(&self, listener: ListenerId, client: SocketAddr) -> bool {
+        self.allocations
+            .slot_of(&ClientKey { listener, client })
+            .is_some()
+    }
+
+    /// The next relay socket the shell must close.
+    pub fn poll_close(&mut self) -> Option<RelayId> {
+        self.relays_to_close.pop()
+    }
+
+    fn delete_allocation(&mut self, slot: u32) {
+        if let Some(alloc) = self.allocations.remove(slot) {
+            self.relays_to_close.push(RelayId(slot));
+            self.stats.allocations_deleted += 1;
+            self.config.ledger.release(&alloc.user_id);
+        }
+    }
+}
