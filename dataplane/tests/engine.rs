@@ -102,9 +102,10 @@ impl Harness {
         self.engine.handle_timeout(self.now);
     }
 
-    fn send(&mut self, from: &str, data: &[u8]) -> ClientAction {
+    /// `data` from `from` as the engine answers it, an `AllocateRelay` left for the caller.
+    fn handle(&mut self, from: &str, data: &[u8]) -> ClientAction {
         let spec = self.snap.listeners[0].clone();
-        let action = self.engine.handle_client(
+        self.engine.handle_client(
             self.now,
             &self.snap,
             ListenerRef {
@@ -114,7 +115,11 @@ impl Harness {
             from.parse().unwrap(),
             data,
             &mut self.out,
-        );
+        )
+    }
+
+    fn send(&mut self, from: &str, data: &[u8]) -> ClientAction {
+        let action = self.handle(from, data);
         if let ClientAction::AllocateRelay(request) = action {
             self.next_port += 2;
             let n = self
@@ -557,19 +562,8 @@ fn relay_bind_failure_gives_508_and_holds_nothing() {
         &alice.build(ALLOCATE, TransactionId::generate(), &udp, false),
     );
     alice.learn(&challenge);
-    let spec = h.snap.listeners[0].clone();
     let req = alice.build(ALLOCATE, TransactionId::generate(), &udp, true);
-    let action = h.engine.handle_client(
-        h.now,
-        &h.snap,
-        ListenerRef {
-            id: ListenerId(1),
-            spec: &spec,
-        },
-        from.parse().unwrap(),
-        &req,
-        &mut h.out,
-    );
+    let action = h.handle(from, &req);
     let ClientAction::AllocateRelay(request) = action else {
         panic!("{action:?}");
     };
@@ -946,6 +940,48 @@ fn refresh_extends_and_zero_deletes() {
         c.call(&mut h, REFRESH, &lifetime(60)).error_code(),
         Some(437)
     );
+}
+
+/// The shell may end an allocation and open the relay of the next Allocate before it drains
+/// `poll_close` (a Refresh 0 and an Allocate in one receive batch or stream read): the ended
+/// allocation's relay id must not be handed out again until its close was taken, or the
+/// shell's close would land on the new allocation's socket and leave it dead.
+#[test]
+fn an_ended_allocations_relay_id_is_reused_only_after_its_close_is_taken() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let (mut c, _) = allocate(&mut h);
+    let lifetime_zero =
+        |m: &mut MessageWriteVec, _: TransactionId| m.add_attribute(&Lifetime::new(0)).unwrap();
+    assert_eq!(
+        c.call(&mut h, REFRESH, &lifetime_zero).class(),
+        MessageClass::Success
+    );
+    // The next Allocate on the same 5-tuple, before the shell drained the close of relay 0.
+    let req = c.build(ALLOCATE, TransactionId::generate(), &udp, true);
+    let action = h.handle(CLIENT, &req);
+    let ClientAction::AllocateRelay(request) = action else {
+        panic!("{action:?}");
+    };
+    assert_ne!(
+        request.relay,
+        RelayId(0),
+        "relay 0 is still to be closed but was handed to a new allocation"
+    );
+    h.engine
+        .complete_allocate(h.now, request.relay, Ok(50_100), &mut h.out)
+        .expect("allocate reply");
+    assert_eq!(h.engine.poll_close(), Some(RelayId(0)));
+    assert_eq!(h.engine.poll_close(), None);
+    // Once closed, the id serves the next allocation as usual.
+    let mut other = Client::new("user1", "pass1");
+    assert_eq!(
+        other
+            .call_from(&mut h, "192.0.2.11:40000", ALLOCATE, &udp)
+            .class(),
+        MessageClass::Success
+    );
+    assert_eq!(h.engine.allocation_count(), 2);
+    assert_eq!(h.engine.poll_close(), None);
 }
 
 #[test]

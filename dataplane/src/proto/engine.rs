@@ -90,7 +90,8 @@ impl EngineStats {
 ///    [`Engine::handle_peer`]; send what the [`PeerAction`] says.
 /// 3. When the instant [`Engine::poll_timeout`] gives passes, call [`Engine::handle_timeout`];
 ///    ask `poll_timeout` again after every call, as a new allocation starts the timer.
-/// 4. After any call, drain [`Engine::poll_close`] and close those relay sockets.
+/// 4. After any call, drain [`Engine::poll_close`] and close those relay sockets (soon: an
+///    ended allocation's [`RelayId`] is reused only once `poll_close` has returned it).
 /// 5. A listener closed or restarted → [`Engine::close_listener`]; a stream connection or
 ///    DTLS session ended → [`Engine::close_client`]; then drain `poll_close` as in 4.
 pub struct Engine {
@@ -476,8 +477,8 @@ impl Engine {
             &pending.integrity,
             out,
         ) else {
-            // `out` too small (our bug): the relay socket is closed and nothing is held.
-            self.allocations.release_slot(relay);
+            // `out` too small (our bug): the relay socket is closed and nothing is held (the
+            // slot is freed once the shell has taken the close, as for any ended allocation).
             self.relays_to_close.push(relay);
             self.config.ledger.release(&pending.user_id);
             self.dropped(DropReason::Internal);
@@ -556,9 +557,14 @@ impl Engine {
             .is_some()
     }
 
-    /// The next relay socket the shell must close.
+    /// The next relay socket the shell must close. Its [`RelayId`] is handed out again only
+    /// after this call returned it, so a socket opened for a new allocation is never the one
+    /// a close meant for an ended allocation reaches (the shell may end an allocation and
+    /// open a relay for the next Allocate before it drains this, e.g. within one batch).
     pub fn poll_close(&mut self) -> Option<RelayId> {
-        self.relays_to_close.pop()
+        let relay = self.relays_to_close.pop()?;
+        self.allocations.release_slot(relay);
+        Some(relay)
     }
 
     fn delete_allocation(&mut self, slot: u32) {

@@ -271,11 +271,12 @@ impl AllocationStore {
         self.slots[relay.0 as usize] = Some(allocation);
     }
 
-    /// Takes the allocation out of `slot` and frees the slot.
+    /// Takes the allocation out of `slot`. The slot stays taken until
+    /// [`AllocationStore::release_slot`]: its relay socket is open until the shell closes it,
+    /// and an id handed out again before that would have the shell close the new socket.
     pub(super) fn remove(&mut self, slot: u32) -> Option<Allocation> {
         let allocation = self.slots.get_mut(slot as usize)?.take()?;
         self.by_client.remove(&allocation.key);
-        self.free_slots.push(slot);
         Some(allocation)
     }
 

@@ -886,6 +886,120 @@ fn a_client_that_stops_reading_cannot_hold_the_shard() {
     drop(slow);
 }
 
+/// One STUN message from a TURN-TCP stream (header, then the length it gives).
+fn read_stun(conn: &mut std::net::TcpStream) -> Vec<u8> {
+    let mut message = vec![0u8; 20];
+    conn.read_exact(&mut message).expect("a STUN header");
+    let len = usize::from(u16::from_be_bytes([message[2], message[3]]));
+    message.resize(20 + len, 0);
+    conn.read_exact(&mut message[20..]).expect("a STUN body");
+    message
+}
+
+/// A client that deletes its allocation and allocates again in one TCP write hands the server
+/// both requests in one read: the new allocation must relay (the first one's relay socket is
+/// closed, not the new one's).
+#[test]
+fn an_allocation_made_in_the_read_that_deleted_the_last_one_relays() {
+    use std::io::Write;
+    use stun_proto::types::attribute::{ErrorCode, Nonce, Realm};
+    use stun_proto::types::message::{
+        Message, MessageClass, MessageType, MessageWrite as _, MessageWriteExt as _,
+        MessageWriteVec, TransactionId,
+    };
+    use turn_types::attribute::{Data, Lifetime, XorPeerAddress, XorRelayedAddress};
+    use turn_types::message::{ALLOCATE, CREATE_PERMISSION, REFRESH, SEND};
+    use uturn_perf::client::{build_request, udp_transport, Credentials};
+    let tcp = free_stream_port();
+    let text = format!(
+        "version: v1\nadmin: {{healthcheck_endpoint: \"\"}}\nauth: {STATIC}\nlisteners:\n\
+         - {{name: tcp, protocol: TURN-TCP, address: 127.0.0.1, port: {tcp}, routes: [media]}}\n\
+         clusters: [{{name: media, endpoints: [\"127.0.0.1\"]}}]\n"
+    );
+    let config = tempfile_path::Path::new(&text);
+    // One shard, so the new Allocate is sure to land where the deleted allocation lived.
+    let _server = stunnerd(&["-c", &config.origin()], "1");
+    let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+    peer.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", tcp)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let challenge = build_request(ALLOCATE, &udp_transport, None).unwrap();
+    conn.write_all(&challenge).unwrap();
+    let reply = read_stun(&mut conn);
+    let msg = Message::from_bytes(&reply).unwrap();
+    let (realm, nonce) = (
+        msg.attribute::<Realm>().unwrap().realm().to_string(),
+        msg.attribute::<Nonce>().unwrap().nonce().to_string(),
+    );
+    let creds = Credentials {
+        user: "user1",
+        pass: "pa$$w0rd",
+        realm: &realm,
+        nonce: &nonce,
+    };
+    let signed =
+        |method, attrs: &dyn Fn(&mut _, _)| build_request(method, attrs, Some(&creds)).unwrap();
+    let relay_of = |reply: &[u8]| {
+        let msg = Message::from_bytes(reply).unwrap();
+        assert_eq!(
+            msg.class(),
+            MessageClass::Success,
+            "{:?}",
+            msg.attribute::<ErrorCode>().ok()
+        );
+        msg.attribute::<XorRelayedAddress>()
+            .unwrap()
+            .addr(msg.transaction_id())
+    };
+    conn.write_all(&signed(ALLOCATE, &udp_transport)).unwrap();
+    relay_of(&read_stun(&mut conn));
+    // Delete, and allocate again, in one write.
+    let mut both = signed(REFRESH, &|m, _| m.add_attribute(&Lifetime::new(0)).unwrap());
+    both.extend_from_slice(&signed(ALLOCATE, &udp_transport));
+    conn.write_all(&both).unwrap();
+    let deleted = read_stun(&mut conn);
+    assert_eq!(
+        Message::from_bytes(&deleted).unwrap().class(),
+        MessageClass::Success
+    );
+    let relay = relay_of(&read_stun(&mut conn));
+    let peer_addr = peer.local_addr().unwrap();
+    let permit = signed(CREATE_PERMISSION, &|m, txid| {
+        m.add_attribute(&XorPeerAddress::new(peer_addr, txid))
+            .unwrap()
+    });
+    conn.write_all(&permit).unwrap();
+    assert_eq!(
+        Message::from_bytes(&read_stun(&mut conn)).unwrap().class(),
+        MessageClass::Success
+    );
+    // The peer reaches the client through the new relay, and the client the peer.
+    peer.send_to(b"to the client", relay).unwrap();
+    let indication = read_stun(&mut conn);
+    assert!(
+        indication.windows(13).any(|w| w == b"to the client"),
+        "no Data indication through the new allocation's relay"
+    );
+    let txid = TransactionId::generate();
+    let mut send = Message::builder(
+        MessageType::from_class_method(MessageClass::Indication, SEND),
+        txid,
+        MessageWriteVec::new(),
+    );
+    send.add_attribute(&XorPeerAddress::new(peer_addr, txid))
+        .unwrap();
+    send.add_attribute(&Data::new(b"to the peer")).unwrap();
+    conn.write_all(&send.finish()).unwrap();
+    let mut buf = [0u8; 64];
+    let (n, from) = peer
+        .recv_from(&mut buf)
+        .expect("the peer heard nothing from the new allocation's relay");
+    assert_eq!(
+        (&buf[..n], from.port()),
+        (&b"to the peer"[..], relay.port())
+    );
+}
+
 #[test]
 fn closing_a_connection_frees_its_allocation_and_a_stalled_tls_handshake_is_cut_at_10_s() {
     use std::io::Write;
