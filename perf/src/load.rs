@@ -221,6 +221,9 @@ pub struct DirectionReport {
     pub p99_us: f64,
     /// 99.9th percentile, µs.
     pub p999_us: f64,
+    /// Allocations that delivered nothing in this direction (a dead allocation, where a loss
+    /// spread over all would be congestion).
+    pub silent_allocations: u64,
 }
 
 /// A run's results.
@@ -261,13 +264,47 @@ impl Report {
 struct Received {
     packets: AtomicU64,
     histogram: Mutex<Histogram>,
+    /// Datagrams delivered per allocation index, merged when the receiver stops.
+    per_allocation: Mutex<Vec<u64>>,
 }
 
-/// Reads the timing header; the send time (ns) if it is ours.
-fn stamp(payload: &[u8]) -> Option<u64> {
+impl Received {
+    /// Folds a receiver's local tallies in when it stops.
+    fn finish(&self, count: u64, local: &Histogram, per_allocation: &[u64]) {
+        self.packets.store(count, Ordering::Relaxed);
+        self.histogram.lock().unwrap().merge(local);
+        let mut mine = self.per_allocation.lock().unwrap();
+        if mine.len() < per_allocation.len() {
+            mine.resize(per_allocation.len(), 0);
+        }
+        for (m, n) in mine.iter_mut().zip(per_allocation) {
+            *m += n;
+        }
+    }
+
+    /// Allocations (of `allocations`) that delivered nothing.
+    fn silent(&self, allocations: usize) -> u64 {
+        let mine = self.per_allocation.lock().unwrap();
+        (0..allocations)
+            .filter(|&i| mine.get(i).copied().unwrap_or(0) == 0)
+            .count() as u64
+    }
+}
+
+/// Reads the timing header: the allocation index and the send time (ns), if it is ours.
+fn stamp(payload: &[u8]) -> Option<(usize, u64)> {
     let start = payload.windows(4).take(64).position(|w| w == MAGIC)?;
     let header = payload.get(start..start + HEADER)?;
-    Some(u64::from_be_bytes(header[16..24].try_into().ok()?))
+    let index = u32::from_be_bytes(header[4..8].try_into().ok()?) as usize;
+    Some((index, u64::from_be_bytes(header[16..24].try_into().ok()?)))
+}
+
+/// Counts one delivered datagram of allocation `index` (indexes beyond `allocations` are not
+/// ours and count only in the total).
+fn tally(per_allocation: &mut [u64], index: usize) {
+    if let Some(n) = per_allocation.get_mut(index) {
+        *n += 1;
+    }
 }
 
 fn write_header(payload: &mut [u8], index: u32, seq: u64, now_ns: u64) {
@@ -489,6 +526,7 @@ impl Setup {
         let cpu_before = server_pid.and_then(cpu_seconds);
         let up = matches!(direction, Direction::Up | Direction::Both);
         let down = matches!(direction, Direction::Down | Direction::Both);
+        let allocations = self.clients.len();
         let seconds = std::thread::scope(|scope| {
             // The peer: counts and times what the clients sent (up).
             let peer = &self.peer;
@@ -498,19 +536,20 @@ impl Setup {
                     let mut buf = [0u8; 2048];
                     let mut local = Histogram::default();
                     let mut count = 0u64;
+                    let mut per_allocation = vec![0u64; allocations];
                     while !stop.load(Ordering::Relaxed) {
                         let Ok(n) = peer.recv(&mut buf) else { continue };
-                        if let Some(sent_ns) = stamp(&buf[..n]) {
+                        if let Some((index, sent_ns)) = stamp(&buf[..n]) {
                             let now = epoch.elapsed().as_nanos() as u64;
                             local.record(now.saturating_sub(sent_ns));
+                            tally(&mut per_allocation, index);
                             count += 1;
                             if count.is_multiple_of(256) {
                                 rx.packets.store(count, Ordering::Relaxed);
                             }
                         }
                     }
-                    rx.packets.store(count, Ordering::Relaxed);
-                    rx.histogram.lock().unwrap().merge(&local);
+                    rx.finish(count, &local, &per_allocation);
                 });
             }
             // The clients' receiver: epoll over every client socket (down).
@@ -576,6 +615,7 @@ impl Setup {
                 p50_us: h.quantile(0.5) as f64 / 1000.0,
                 p99_us: h.quantile(0.99) as f64 / 1000.0,
                 p999_us: h.quantile(0.999) as f64 / 1000.0,
+                silent_allocations: rx.silent(allocations),
             }
         };
         let up_report = up.then(|| report_of(&up_sent, &up_rx));
@@ -705,10 +745,12 @@ fn receive_clients(clients: &[BenchClient], epoch: Instant, stop: &AtomicBool, r
     let mut partial: Vec<Vec<u8>> = vec![Vec::new(); clients.len()];
     let mut local = Histogram::default();
     let mut count = 0u64;
-    let record = |frame: &[u8], local: &mut Histogram, count: &mut u64| {
-        if let Some(sent_ns) = stamp(frame) {
+    let mut per_allocation = vec![0u64; clients.len()];
+    let record = |frame: &[u8], local: &mut Histogram, count: &mut u64, tallies: &mut [u64]| {
+        if let Some((index, sent_ns)) = stamp(frame) {
             let now = epoch.elapsed().as_nanos() as u64;
             local.record(now.saturating_sub(sent_ns));
+            tally(tallies, index);
             *count += 1;
         }
     };
@@ -734,7 +776,7 @@ fn receive_clients(clients: &[BenchClient], epoch: Instant, stop: &AtomicBool, r
                     break;
                 }
                 if !link.is_stream() {
-                    record(&buf[..n], &mut local, &mut count);
+                    record(&buf[..n], &mut local, &mut count, &mut per_allocation);
                     continue;
                 }
                 let pending = &mut partial[index];
@@ -744,7 +786,12 @@ fn receive_clients(clients: &[BenchClient], epoch: Instant, stop: &AtomicBool, r
                     if at + len > pending.len() {
                         break;
                     }
-                    record(&pending[at..at + len], &mut local, &mut count);
+                    record(
+                        &pending[at..at + len],
+                        &mut local,
+                        &mut count,
+                        &mut per_allocation,
+                    );
                     at += len;
                 }
                 pending.drain(..at);
@@ -754,8 +801,7 @@ fn receive_clients(clients: &[BenchClient], epoch: Instant, stop: &AtomicBool, r
     }
     // SAFETY: closing the epoll fd we created.
     unsafe { libc::close(epoll) };
-    rx.packets.store(count, Ordering::Relaxed);
-    rx.histogram.lock().unwrap().merge(&local);
+    rx.finish(count, &local, &per_allocation);
 }
 
 #[cfg(test)]
@@ -768,7 +814,7 @@ mod tests {
         write_header(&mut payload, 7, 42, 123_456);
         let mut framed = channel_data_header(0x4000, 100).to_vec();
         framed.extend_from_slice(&payload);
-        assert_eq!(stamp(&framed), Some(123_456));
+        assert_eq!(stamp(&framed), Some((7, 123_456)));
         assert_eq!(stamp(&[0u8; 40]), None);
     }
 }

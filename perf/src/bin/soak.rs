@@ -370,20 +370,38 @@ fn turnperf_segments(
     secs: u64,
 ) -> std::thread::JoinHandle<Relay> {
     const SEGMENT: u64 = 300;
-    let (turnperf_bin, duration) = (cli.turnperf.clone(), cli.duration);
+    let (turnperf_bin, duration, out) = (cli.turnperf.clone(), cli.duration, cli.out.clone());
     std::thread::spawn(move || {
         let cli = Cli {
             stunnerd: PathBuf::new(),
             turnperf: turnperf_bin,
             duration,
-            out: PathBuf::new(),
+            out,
         };
         let (mut sent, mut received, mut problem) = (0, 0, None);
         let mut left = secs;
+        let mut segment = 0;
         while left > 0 && problem.is_none() {
             let run = left.min(SEGMENT);
             left -= run;
-            let (s, r, p) = finish_turnperf(turnperf(&cli, port, transport, allocations, run));
+            segment += 1;
+            let text = output(turnperf(&cli, port, transport, allocations, run));
+            // Each segment's report stays beside soak.md, so a loss can be traced to a
+            // segment, a direction and a number of dead allocations.
+            let _ = std::fs::write(
+                cli.out.join(format!("turnperf-{transport}-{segment}.json")),
+                &text,
+            );
+            let (s, r, p) = finish_turnperf(&text);
+            if s != r {
+                eprintln!(
+                    "soak: {transport} turnperf segment {segment} lost {} of {s}: {}",
+                    s.saturating_sub(r),
+                    cli.out
+                        .join(format!("turnperf-{transport}-{segment}.json"))
+                        .display()
+                );
+            }
             sent += s;
             received += r;
             problem = p;
@@ -478,8 +496,7 @@ fn output(mut p: Proc) -> String {
     text
 }
 
-fn finish_turnperf(p: Proc) -> Relay {
-    let text = output(p);
+fn finish_turnperf(text: &str) -> Relay {
     let Some(doc) = text
         .lines()
         .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -819,6 +836,8 @@ impl Report<'_> {
                     .unwrap_or_default()
             );
         }
+        s += "\nturnperf's own report of each segment (per direction, with the allocations that \
+              delivered nothing) is in `turnperf-<transport>-<segment>.json` beside this file.\n";
         s += &format!(
             "\n- churn, own clients (allocate, permit, relay, delete or close; UDP and TCP): {} cycles, {} failed {:?}\n\
              - churn, turnutils_uclient runs of 8 clients x 20 messages over UDP, TCP, TLS, DTLS in turn: {} runs, {} of {} messages echoed\n\

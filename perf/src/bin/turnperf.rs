@@ -237,6 +237,12 @@ fn print_table(cli: &Cli, setup_rate: f64, report: &Report) {
                 "{name:<5} {:>10} {:>10} {:>10.0} {:>8.1} {:>7.2} {:>8.1} {:>8.1} {:>8.1}",
                 d.sent, d.delivered, d.pps, d.mbps, d.loss_pct, d.p50_us, d.p99_us, d.p999_us
             );
+            if d.silent_allocations > 0 {
+                println!(
+                    "{name:<5} {} allocation(s) delivered nothing",
+                    d.silent_allocations
+                );
+            }
         }
     }
     if let Some(cpu) = report.server_cpu_us_per_packet {
