@@ -2,13 +2,14 @@
 //! changes, DNS answers), then publishes at most one snapshot, keeps the tasks and the admin
 //! servers in step with the state, and writes the status board.
 
-use crate::admin::{AdminServers, HealthSource, MetricsSource};
+use crate::admin::{AdminServers, HealthSource};
 use crate::discovery::dns::DnsUpdate;
 use crate::discovery::kubernetes::ServiceUpdate;
 use crate::outbox::Outbox;
 use crate::state::{ControlState, Skipped};
 use crate::status::StatusBoard;
 use crate::supervisor::Supervisor;
+use crate::MetricsSource;
 use crate::{ConfigCheck, ControlConfig};
 use std::sync::Arc;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};

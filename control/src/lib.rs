@@ -83,8 +83,8 @@ pub struct ControlConfig {
     pub allocations: Arc<dyn Fn() -> u64 + Send + Sync>,
     /// Called after each applied config (e.g. to apply `admin.loglevel`).
     pub on_config: Box<dyn Fn(&StunnerConfig) + Send>,
-    /// Appends the dataplane's metrics (Prometheus text) for a scrape.
-    pub metrics: Arc<dyn Fn(&mut String) + Send + Sync>,
+    /// Records the dataplane's metrics for a scrape (the control plane renders them).
+    pub metrics: MetricsSource,
     /// `--force-ready-status`: `/ready` answers 200 always, also while draining.
     pub force_ready: bool,
     /// `--discovery-timeout`: how long `/ready` waits for the first full EndpointSlice list of
@@ -95,6 +95,10 @@ pub struct ControlConfig {
     /// the config with that message, and the running config stays.
     pub check: ConfigCheck,
 }
+
+/// Records the dataplane's metrics into the given recorder at each scrape; the metrics
+/// server renders what was recorded as Prometheus text.
+pub type MetricsSource = Arc<dyn Fn(&dyn metrics::Recorder) + Send + Sync>;
 
 /// See [`ControlConfig::check`].
 pub type ConfigCheck = Box<dyn Fn(&StunnerConfig, &StunnerConfig) -> Result<(), String> + Send>;

@@ -4,10 +4,13 @@
 //! `admin.metrics_endpoint`. Each follows its config field: a new endpoint is bound before the
 //! config that names it is committed ([`AdminServers::prepare`], `commit`, `rollback`).
 
+mod metrics_page;
 mod process_metrics;
 mod routes;
 mod server;
 
+use crate::MetricsSource;
+use metrics_page::MetricsPage;
 use server::Handler;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,13 +25,12 @@ pub(crate) trait HealthSource: Send + Sync {
     fn status_json(&self) -> String;
 }
 
-/// Appends the dataplane's metrics (Prometheus text) for a scrape.
-pub(crate) type MetricsSource = Arc<dyn Fn(&mut String) + Send + Sync>;
-
 /// The health-check and the metrics server.
 pub(crate) struct AdminServers {
     health: AdminServer,
     metrics: AdminServer,
+    /// What the metrics server serves; it outlives a change of endpoint.
+    page: Arc<MetricsPage>,
 }
 
 impl AdminServers {
@@ -49,6 +51,7 @@ impl AdminServers {
                 "admin.metrics_endpoint",
                 uturn_shared::config::DEFAULT_METRICS_PORT,
             ),
+            page: Arc::new(MetricsPage::new()),
         };
         let (health, metrics) = admin_endpoints(initial);
         for (server, endpoint) in [(&mut admin.health, health), (&mut admin.metrics, metrics)] {
@@ -83,8 +86,9 @@ impl AdminServers {
         let health = health.clone();
         self.health.commit(move |_path| health_handler(health));
         let metrics = metrics.clone();
+        let page = self.page.clone();
         self.metrics
-            .commit(move |path| metrics_handler(path, metrics));
+            .commit(move |path| metrics_handler(path, page, metrics));
     }
 
     /// Drops what `prepare` bound, restoring a server it stopped.
@@ -99,16 +103,13 @@ fn health_handler(source: Arc<dyn HealthSource>) -> Handler {
     Arc::new(move |path| routes::health_route(path, || source.ready(), || source.status_json()))
 }
 
-/// The metrics page at `metrics_path`: the dataplane's metrics, then the process's.
-fn metrics_handler(metrics_path: String, dataplane: MetricsSource) -> Handler {
-    Arc::new(move |path| {
-        routes::metrics_route(path, &metrics_path, || {
-            let mut body = String::with_capacity(4096);
-            dataplane(&mut body);
-            process_metrics::render(&mut body);
-            body
-        })
-    })
+/// The metrics page at `metrics_path`, with what `dataplane` records at each scrape.
+fn metrics_handler(
+    metrics_path: String,
+    page: Arc<MetricsPage>,
+    dataplane: MetricsSource,
+) -> Handler {
+    Arc::new(move |path| routes::metrics_route(path, &metrics_path, || page.render(&dataplane)))
 }
 
 /// The health-check and metrics endpoints of `config` ("" when off).

@@ -1,4 +1,9 @@
 //! Process metrics in the Prometheus client's standard names, read from `/proc/self`.
+//!
+//! Written as text, not through the `metrics` recorder: `process_cpu_seconds_total` is a
+//! counter of fractional seconds, and a `metrics` counter holds whole numbers. The
+//! `metrics-process` crate rounds it (and the start time) down to whole seconds for that
+//! reason, or turns it into a gauge, and brings `procfs`; these six reads are exact.
 
 use std::fmt::Write as _;
 

@@ -1,10 +1,11 @@
 //! Traffic counters: each shard counts into its own plain integers on the packet path and
-//! publishes a copy once per tick; a scrape sums the copies. Rendered as Prometheus text with
-//! stunnerd's metric names, types, labels and help strings (stunnerd.md §7), plus uturn's drop
-//! counters.
+//! publishes a copy once per tick; a scrape sums the copies and records the totals through the
+//! `metrics` facade ([`record`]) with stunnerd's metric names, types, labels and help strings
+//! (stunnerd.md §7), plus uturn's drop counters. The control plane owns the recorder that
+//! renders them as Prometheus text.
 
 use crate::proto::DropReason;
-use std::fmt::Write as _;
+use metrics::{counter, describe_counter, describe_gauge, gauge};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters one shard publishes once per tick (single writer, read at scrape time).
@@ -114,18 +115,6 @@ pub struct ShardReport {
     pub unauthenticated_connections: u64,
 }
 
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
 /// One name's counters summed over the shards.
 #[derive(Default)]
 struct NameTotal {
@@ -164,8 +153,16 @@ fn sum_by_name(
     totals
 }
 
-/// Appends the dataplane's metrics, summed over `shards`, as Prometheus text.
-pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
+/// Records the dataplane's metrics, summed over `shards`, into `recorder` for a scrape: stunnerd's
+/// names, types, labels and HELP text (stunnerd.md §7), then uturn's own. Called at scrape time
+/// only; the packet path counts into its shard's plain integers and never reaches `metrics`.
+/// The totals only grow (every shard's counters do, and a name is never forgotten), so a
+/// counter is set with `absolute`.
+pub fn record(shards: &[ShardStats], recorder: &dyn metrics::Recorder) {
+    metrics::with_local_recorder(recorder, || record_totals(shards));
+}
+
+fn record_totals(shards: &[ShardStats]) {
     let reports: Vec<ShardReport> = shards
         .iter()
         .map(|s| s.report.lock().map(|r| r.clone()).unwrap_or_default())
@@ -174,47 +171,28 @@ pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
         .iter()
         .map(|s| s.allocations.load(Ordering::Relaxed))
         .sum();
-    family(
-        out,
-        "stunner_allocations_active",
-        "gauge",
-        "Number of active allocations",
-    );
-    let _ = writeln!(out, "stunner_allocations_active {allocations}");
+    describe_gauge!("stunner_allocations_active", "Number of active allocations");
+    gauge!("stunner_allocations_active").set(allocations as f64);
 
     let listeners = sum_by_name(&reports, |r| &r.listeners);
-    family(
-        out,
+    describe_gauge!(
         "stunner_listener_connections",
-        "gauge",
-        "Number of active downstream connections at a listener",
+        "Number of active downstream connections at a listener"
     );
-    for total in &listeners {
-        let _ = writeln!(
-            out,
-            "stunner_listener_connections{{name=\"{}\"}} {}",
-            escape(&total.name),
-            total.open
-        );
-    }
-    family(
-        out,
+    describe_counter!(
         "stunner_listener_connections_total",
-        "counter",
-        "Number of all downstream connections observed at a listener",
+        "Number of all downstream connections observed at a listener"
     );
     for total in &listeners {
-        let _ = writeln!(
-            out,
-            "stunner_listener_connections_total{{name=\"{}\"}} {}",
-            escape(&total.name),
-            total.opened
-        );
+        let name = total.name.clone();
+        gauge!("stunner_listener_connections", "name" => name.clone()).set(total.open as f64);
+        counter!("stunner_listener_connections_total", "name" => name).absolute(total.opened);
     }
     let clusters = sum_by_name(&reports, |r| &r.clusters);
-    for (metric, help, rows) in [
+    for (packets, bytes, help, rows) in [
         (
-            "stunner_listener",
+            "stunner_listener_packets_total",
+            "stunner_listener_bytes_total",
             [
                 "Number of datagrams sent or received at a listener",
                 "Number of bytes sent or received at a listener",
@@ -222,7 +200,8 @@ pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
             &listeners,
         ),
         (
-            "stunner_cluster",
+            "stunner_cluster_packets_total",
+            "stunner_cluster_bytes_total",
             [
                 "Number of datagrams sent to or received from backends",
                 "Number of bytes sent to or received from backends",
@@ -230,94 +209,55 @@ pub fn render_prometheus(shards: &[ShardStats], out: &mut String) {
             &clusters,
         ),
     ] {
-        for (unit, help) in ["packets", "bytes"].into_iter().zip(help) {
-            let metric = format!("{metric}_{unit}_total");
-            family(out, &metric, "counter", help);
-            for total in rows.iter() {
-                let traffic = &total.traffic;
-                let (rx, tx) = if unit == "packets" {
-                    (traffic.rx_packets, traffic.tx_packets)
-                } else {
-                    (traffic.rx_bytes, traffic.tx_bytes)
-                };
-                let name = escape(&total.name);
-                let _ = writeln!(out, "{metric}{{direction=\"rx\",name=\"{name}\"}} {rx}");
-                let _ = writeln!(out, "{metric}{{direction=\"tx\",name=\"{name}\"}} {tx}");
+        describe_counter!(packets, help[0]);
+        describe_counter!(bytes, help[1]);
+        for total in rows.iter() {
+            let traffic = &total.traffic;
+            for (metric, rx, tx) in [
+                (packets, traffic.rx_packets, traffic.tx_packets),
+                (bytes, traffic.rx_bytes, traffic.tx_bytes),
+            ] {
+                let name = total.name.clone();
+                counter!(metric, "direction" => "rx", "name" => name.clone()).absolute(rx);
+                counter!(metric, "direction" => "tx", "name" => name).absolute(tx);
             }
         }
     }
-    family(
-        out,
+
+    describe_counter!(
         "uturn_dropped_datagrams_total",
-        "counter",
-        "Datagrams and requests uturn dropped or rejected, by reason",
-    );
-    let mut dropped = [0u64; DropReason::ALL.len()];
-    let mut auth_failed = 0;
-    let mut quota_refused = 0;
-    let mut send_failed = 0;
-    for report in &reports {
-        for (total, n) in dropped.iter_mut().zip(report.dropped) {
-            *total += n;
-        }
-        auth_failed += report.auth_failed;
-        quota_refused += report.quota_refused;
-        send_failed += report.send_failed;
-    }
-    for reason in DropReason::ALL {
-        let _ = writeln!(
-            out,
-            "uturn_dropped_datagrams_total{{reason=\"{}\"}} {}",
-            reason.name(),
-            dropped[reason.index()]
-        );
-    }
-    let _ = writeln!(
-        out,
-        "uturn_dropped_datagrams_total{{reason=\"auth_failed\"}} {auth_failed}"
-    );
-    let _ = writeln!(
-        out,
-        "uturn_dropped_datagrams_total{{reason=\"quota\"}} {quota_refused}"
-    );
-    let _ = writeln!(
-        out,
-        "uturn_dropped_datagrams_total{{reason=\"send_failed\"}} {send_failed}"
+        "Datagrams and requests uturn dropped or rejected, by reason"
     );
     let sum = |pick: fn(&ShardReport) -> u64| -> u64 { reports.iter().map(pick).sum() };
-    family(
-        out,
-        "uturn_refused_connections_total",
-        "counter",
-        "TCP/TLS connections closed at accept for a cap on unauthenticated connections",
-    );
-    for (i, reason) in ["per_ip", "total"].into_iter().enumerate() {
-        let n: u64 = reports.iter().map(|r| r.refused_connections[i]).sum();
-        let _ = writeln!(
-            out,
-            "uturn_refused_connections_total{{reason=\"{reason}\"}} {n}"
+    let dropped = |reason: &'static str, n: u64| {
+        counter!("uturn_dropped_datagrams_total", "reason" => reason).absolute(n);
+    };
+    for reason in DropReason::ALL {
+        dropped(
+            reason.name(),
+            reports.iter().map(|r| r.dropped[reason.index()]).sum(),
         );
     }
-    family(
-        out,
+    dropped("auth_failed", sum(|r| r.auth_failed));
+    dropped("quota", sum(|r| r.quota_refused));
+    dropped("send_failed", sum(|r| r.send_failed));
+
+    describe_counter!(
+        "uturn_refused_connections_total",
+        "TCP/TLS connections closed at accept for a cap on unauthenticated connections"
+    );
+    for (i, reason) in ["per_ip", "total"].into_iter().enumerate() {
+        let refused: u64 = reports.iter().map(|r| r.refused_connections[i]).sum();
+        counter!("uturn_refused_connections_total", "reason" => reason).absolute(refused);
+    }
+    describe_gauge!(
         "uturn_unauthenticated_connections",
-        "gauge",
-        "TCP/TLS connections whose client holds no allocation yet",
+        "TCP/TLS connections whose client holds no allocation yet"
     );
-    let _ = writeln!(
-        out,
-        "uturn_unauthenticated_connections {}",
-        sum(|r| r.unauthenticated_connections)
-    );
-    family(
-        out,
+    gauge!("uturn_unauthenticated_connections").set(sum(|r| r.unauthenticated_connections) as f64);
+    describe_gauge!(
         "uturn_stream_buffer_bytes",
-        "gauge",
-        "Bytes of memory held by TCP/TLS connections' send and receive buffers",
+        "Bytes of memory held by TCP/TLS connections' send and receive buffers"
     );
-    let _ = writeln!(
-        out,
-        "uturn_stream_buffer_bytes {}",
-        sum(|r| r.stream_buffer_bytes)
-    );
+    gauge!("uturn_stream_buffer_bytes").set(sum(|r| r.stream_buffer_bytes) as f64);
 }

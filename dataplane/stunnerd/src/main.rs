@@ -442,8 +442,8 @@ fn main() -> ExitCode {
                 logging::set_spec(&config.admin.loglevel);
             }
         }),
-        metrics: Arc::new(move |out: &mut String| {
-            uturn_dataplane::io::metrics::render_prometheus(&scrape_stats, out)
+        metrics: Arc::new(move |recorder: &dyn metrics::Recorder| {
+            uturn_dataplane::io::metrics::record(&scrape_stats, recorder)
         }),
         force_ready: cli.force_ready_status,
         check: Box::new(move |running: &StunnerConfig, new: &StunnerConfig| {
