@@ -7,16 +7,17 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use std::hint::black_box;
 use std::net::SocketAddr;
 use std::time::Instant;
-use stun_proto::types::attribute::{Nonce, Realm};
+use stun_proto::types::attribute::Nonce;
 use stun_proto::types::message::{Message, MessageWriteExt, MessageWriteVec, TransactionId};
 use turn_types::attribute::{ChannelNumber, XorPeerAddress};
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION};
 use uturn_dataplane::proto::{
-    ClientAction, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction, RelayId, PEER_HEADROOM,
+    ClientAction, Engine, ListenerId, ListenerRef, PeerAction, RelayId, PEER_HEADROOM,
 };
-use uturn_perf::client::{build_request, channel_data_header, udp_transport, Credentials};
+use uturn_perf::client::channel_data_header;
 use uturn_shared::config::parse_config;
 use uturn_shared::snapshot::Snapshot;
+use uturn_testkit::engine::{engine_config, udp, Attrs, Client, Reply, PASS, USER};
 
 const PEER: &str = "10.0.0.7:5000";
 
@@ -25,8 +26,8 @@ struct Bench {
     snap: Snapshot,
     now: Instant,
     out: Vec<u8>,
-    realm: String,
-    nonce: String,
+    /// Signs requests with the realm and nonce of the last 401.
+    client: Client,
     next_port: u16,
 }
 
@@ -42,22 +43,21 @@ impl Bench {
         let mut bench = Bench {
             engine: Engine::new({
                 // Every timed Allocate comes after a 401 from one of 250 sources: no limit.
-                let mut config = EngineConfig::new(now, 1_800_000_000, [7; 32]);
+                let mut config = engine_config(now);
                 config.limits.challenge_rate = 0;
                 config
             }),
             snap: Snapshot::from_config(&config, 1, &|_| Vec::new()),
             now,
             out: vec![0; 2048],
-            realm: String::new(),
-            nonce: String::new(),
+            client: Client::new(USER, PASS),
             next_port: 40000,
         };
-        let challenge = build_request(ALLOCATE, &udp_transport, None).unwrap();
+        let challenge = bench.unsigned(ALLOCATE, &udp);
         let n = bench.reply("192.0.2.1:1000".parse().unwrap(), &challenge);
-        let msg = Message::from_bytes(&bench.out[..n]).unwrap();
-        bench.realm = msg.attribute::<Realm>().unwrap().realm().to_string();
-        bench.nonce = msg.attribute::<Nonce>().unwrap().nonce().to_string();
+        bench.client.learn(&Reply {
+            bytes: bench.out[..n].to_vec(),
+        });
         bench
     }
 
@@ -90,25 +90,21 @@ impl Bench {
         }
     }
 
-    fn signed(
-        &self,
-        method: stun_proto::types::message::Method,
-        attrs: &dyn Fn(&mut MessageWriteVec, TransactionId),
-    ) -> Vec<u8> {
-        let credentials = Credentials {
-            user: "user1",
-            pass: "pass1",
-            realm: &self.realm,
-            nonce: &self.nonce,
-        };
-        build_request(method, attrs, Some(&credentials)).unwrap()
+    fn signed(&self, method: stun_proto::types::message::Method, attrs: Attrs<'_>) -> Vec<u8> {
+        self.client
+            .build(method, TransactionId::generate(), attrs, true)
+    }
+
+    fn unsigned(&self, method: stun_proto::types::message::Method, attrs: Attrs<'_>) -> Vec<u8> {
+        self.client
+            .build(method, TransactionId::generate(), attrs, false)
     }
 }
 
 fn channel_data(c: &mut Criterion) {
     let mut b = Bench::new();
     let client: SocketAddr = "192.0.2.1:1000".parse().unwrap();
-    let allocate = b.signed(ALLOCATE, &udp_transport);
+    let allocate = b.signed(ALLOCATE, &udp);
     b.reply(client, &allocate);
     let peer: SocketAddr = PEER.parse().unwrap();
     let bind = b.signed(CHANNEL_BIND, &|m: &mut MessageWriteVec, txid| {
@@ -166,11 +162,11 @@ fn allocate_with_auth(c: &mut Criterion) {
                 if b.engine.allocation_count() > 50_000 {
                     *b = Bench::new();
                 }
-                let challenge = build_request(ALLOCATE, &udp_transport, None).unwrap();
+                let challenge = b.unsigned(ALLOCATE, &udp);
                 let n = b.reply(from, &challenge);
                 let msg = Message::from_bytes(&b.out[..n]).unwrap();
-                b.nonce = msg.attribute::<Nonce>().unwrap().nonce().to_string();
-                (from, b.signed(ALLOCATE, &udp_transport))
+                b.client.nonce = msg.attribute::<Nonce>().unwrap().nonce().to_string();
+                (from, b.signed(ALLOCATE, &udp))
             },
             |(from, request)| black_box(bench.borrow_mut().reply(from, &request)),
             BatchSize::SmallInput,
@@ -188,7 +184,7 @@ fn create_permission_many_peers(c: &mut Criterion) {
     // (256). The engine answers 508 and installs nothing; the timed part is that answer.
     let mut b = Bench::new();
     let client: SocketAddr = "192.0.2.1:1000".parse().unwrap();
-    let allocate = b.signed(ALLOCATE, &udp_transport);
+    let allocate = b.signed(ALLOCATE, &udp);
     b.reply(client, &allocate);
     let request = b.signed(CREATE_PERMISSION, &|m: &mut MessageWriteVec, txid| {
         for i in 0..MAX_PEERS_IN_ONE_REQUEST {

@@ -2,308 +2,31 @@
 
 use std::io::ErrorKind;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stun_proto::types::attribute::{
     AttributeStaticType, AttributeType, ErrorCode, Fingerprint, MessageIntegrity, Nonce, Realm,
-    Username, XorMappedAddress,
+    XorMappedAddress,
 };
 use stun_proto::types::message::{
-    IntegrityAlgorithm, LongTermKeyCredentials, Message, MessageClass, MessageIntegrityCredentials,
-    MessageType, MessageWrite, MessageWriteExt, MessageWriteVec, Method, TransactionId, BINDING,
+    Message, MessageClass, MessageType, MessageWrite, MessageWriteExt, MessageWriteVec, Method,
+    TransactionId, BINDING,
 };
 use turn_types::attribute::{
     ChannelNumber, Data, Lifetime, RequestedAddressFamily, RequestedTransport, XorPeerAddress,
-    XorRelayedAddress,
 };
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRESH, SEND};
 use turn_types::AddressFamily;
 use uturn_dataplane::proto::{
-    Bytes, ClientAction, DropReason, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction,
-    RelayBindError, RelayId, PEER_HEADROOM,
+    ClientAction, DropReason, EngineConfig, ListenerId, ListenerRef, PeerAction, RelayBindError,
+    RelayId,
 };
 use uturn_shared::auth::{ephemeral_password, ephemeral_username};
 use uturn_shared::config::parse_config;
 use uturn_shared::snapshot::Snapshot;
-
-const EPOCH_UNIX: u64 = 1_800_000_000;
-const CLIENT: &str = "192.0.2.10:40000";
-const PEER: &str = "10.1.2.3:5500";
-
-fn config(auth: &str) -> String {
-    format!(
-        r#"
-version: v1
-auth:
-{auth}
-listeners:
-  - name: udp
-    protocol: TURN-UDP
-    address: 198.51.100.1
-    port: 3478
-    routes: [media]
-clusters:
-  - name: media
-    endpoints: ["10.0.0.0/8:<5000-6000>", "fd00::/64"]
-  - name: other
-    endpoints: ["172.16.0.0/12"]
-"#
-    )
-}
-
-const STATIC_AUTH: &str =
-    "  type: static\n  credentials:\n    username: user1\n    password: pass1";
-
-struct Harness {
-    engine: Engine,
-    snap: Snapshot,
-    now: Instant,
-    out: Vec<u8>,
-    next_port: u16,
-}
-
-struct Reply {
-    bytes: Vec<u8>,
-}
-
-impl Reply {
-    fn msg(&self) -> Message<'_> {
-        Message::from_bytes(&self.bytes).expect("reply parses")
-    }
-    fn class(&self) -> MessageClass {
-        self.msg().class()
-    }
-    fn error_code(&self) -> Option<u16> {
-        self.msg().attribute::<ErrorCode>().ok().map(|e| e.code())
-    }
-}
-
-impl Harness {
-    fn new(auth: &str) -> Harness {
-        Harness::with(&config(auth), |_| {})
-    }
-
-    /// A harness on config text `yaml`, with the engine config adjusted by `tune`.
-    fn with(yaml: &str, tune: impl FnOnce(&mut EngineConfig)) -> Harness {
-        let cfg = parse_config(yaml).expect("config");
-        let now = Instant::now();
-        let mut engine_config = EngineConfig::new(now, EPOCH_UNIX, [42; 32]);
-        tune(&mut engine_config);
-        Harness {
-            engine: Engine::new(engine_config),
-            snap: Snapshot::from_config(&cfg, 1, &|_| Vec::new()),
-            now,
-            out: vec![0; 2048],
-            next_port: 50000,
-        }
-    }
-
-    fn advance(&mut self, secs: u64) {
-        self.now += Duration::from_secs(secs);
-        self.engine.handle_timeout(self.now);
-    }
-
-    /// `data` from `from` as the engine answers it, an `AllocateRelay` left for the caller.
-    fn handle(&mut self, from: &str, data: &[u8]) -> ClientAction {
-        let spec = self.snap.listeners[0].clone();
-        self.engine.handle_client(
-            self.now,
-            &self.snap,
-            ListenerRef {
-                id: ListenerId(1),
-                spec: &spec,
-            },
-            from.parse().unwrap(),
-            data,
-            &mut self.out,
-        )
-    }
-
-    fn send(&mut self, from: &str, data: &[u8]) -> ClientAction {
-        let action = self.handle(from, data);
-        if let ClientAction::AllocateRelay(request) = action {
-            self.next_port += 2;
-            let n = self
-                .engine
-                .complete_allocate(self.now, request.relay, Ok(self.next_port), &mut self.out)
-                .expect("allocate reply");
-            return ClientAction::Reply(n);
-        }
-        action
-    }
-
-    fn request(&mut self, from: &str, data: &[u8]) -> Reply {
-        match self.send(from, data) {
-            ClientAction::Reply(n) => Reply {
-                bytes: self.out[..n].to_vec(),
-            },
-            other => panic!("expected a reply, got {other:?}"),
-        }
-    }
-
-    fn peer(&mut self, relay: RelayId, peer: &str, payload: &[u8]) -> (PeerAction, Vec<u8>) {
-        let mut buf = vec![0u8; PEER_HEADROOM + payload.len()];
-        buf[PEER_HEADROOM..].copy_from_slice(payload);
-        let action = self.engine.handle_peer(
-            self.now,
-            &self.snap,
-            relay,
-            peer.parse().unwrap(),
-            &mut buf,
-            &mut self.out,
-        );
-        let bytes = match &action {
-            PeerAction::ToClient {
-                bytes: Bytes::Input(r),
-                ..
-            } => buf[r.clone()].to_vec(),
-            PeerAction::ToClient {
-                bytes: Bytes::Output(n),
-                ..
-            } => self.out[..*n].to_vec(),
-            PeerAction::Drop(_) => Vec::new(),
-        };
-        (action, bytes)
-    }
-}
-
-/// A client-side view: credentials plus the realm/nonce learnt from a 401.
-struct Client {
-    user: String,
-    pass: String,
-    realm: String,
-    nonce: String,
-}
-
-type Attrs<'a> = &'a dyn Fn(&mut MessageWriteVec, TransactionId);
-
-impl Client {
-    fn new(user: &str, pass: &str) -> Client {
-        Client {
-            user: user.into(),
-            pass: pass.into(),
-            realm: String::new(),
-            nonce: String::new(),
-        }
-    }
-
-    fn build(&self, method: Method, txid: TransactionId, attrs: Attrs<'_>, auth: bool) -> Vec<u8> {
-        let mut msg = Message::builder(
-            MessageType::from_class_method(MessageClass::Request, method),
-            txid,
-            MessageWriteVec::new(),
-        );
-        attrs(&mut msg, txid);
-        if auth {
-            msg.add_attribute(&Username::new(&self.user).unwrap())
-                .unwrap();
-            msg.add_attribute(&Realm::new(&self.realm).unwrap())
-                .unwrap();
-            msg.add_attribute(&Nonce::new(&self.nonce).unwrap())
-                .unwrap();
-            let creds: MessageIntegrityCredentials = LongTermKeyCredentials::new(
-                self.user.clone(),
-                self.pass.clone(),
-                self.realm.clone(),
-            )
-            .into();
-            msg.add_message_integrity(&creds, IntegrityAlgorithm::Sha1)
-                .unwrap();
-        }
-        msg.finish()
-    }
-
-    fn learn(&mut self, reply: &Reply) {
-        let msg = reply.msg();
-        self.realm = msg.attribute::<Realm>().unwrap().realm().to_string();
-        self.nonce = msg.attribute::<Nonce>().unwrap().nonce().to_string();
-    }
-
-    /// Learns `from`'s nonce from the 401 to an unauthenticated Allocate of the smallest shape
-    /// real clients send (REQUESTED-TRANSPORT only, 28 bytes: the challenge fits 3x of it).
-    fn learn_nonce(&mut self, h: &mut Harness, from: &str) {
-        let challenge = h.request(
-            from,
-            &self.build(ALLOCATE, TransactionId::generate(), &udp, false),
-        );
-        assert_eq!(challenge.error_code(), Some(401));
-        self.learn(&challenge);
-    }
-
-    /// Sends `method` authenticated from `from`, learning that address's nonce first.
-    fn call_from(
-        &mut self,
-        h: &mut Harness,
-        from: &str,
-        method: Method,
-        attrs: Attrs<'_>,
-    ) -> Reply {
-        self.learn_nonce(h, from);
-        h.request(
-            from,
-            &self.build(method, TransactionId::generate(), attrs, true),
-        )
-    }
-
-    /// Sends `method` authenticated, learning a nonce first when needed.
-    fn call(&mut self, h: &mut Harness, method: Method, attrs: Attrs<'_>) -> Reply {
-        if self.nonce.is_empty() {
-            self.learn_nonce(h, CLIENT);
-        }
-        h.request(
-            CLIENT,
-            &self.build(method, TransactionId::generate(), attrs, true),
-        )
-    }
-}
-
-fn udp(m: &mut MessageWriteVec, _: TransactionId) {
-    m.add_attribute(&RequestedTransport::new(17)).unwrap();
-}
-
-fn peer_attr(peer: &'static str) -> impl Fn(&mut MessageWriteVec, TransactionId) {
-    move |m: &mut MessageWriteVec, txid| {
-        m.add_attribute(&XorPeerAddress::new(peer.parse().unwrap(), txid))
-            .unwrap();
-    }
-}
-
-fn channel_attrs(number: u16, peer: &'static str) -> impl Fn(&mut MessageWriteVec, TransactionId) {
-    move |m: &mut MessageWriteVec, txid| {
-        m.add_attribute(&ChannelNumber::new(number)).unwrap();
-        m.add_attribute(&XorPeerAddress::new(peer.parse().unwrap(), txid))
-            .unwrap();
-    }
-}
-
-fn allocate(h: &mut Harness) -> (Client, SocketAddr) {
-    let mut c = Client::new("user1", "pass1");
-    let reply = c.call(h, ALLOCATE, &udp);
-    assert_eq!(
-        reply.class(),
-        MessageClass::Success,
-        "{:?}",
-        reply.error_code()
-    );
-    let msg = reply.msg();
-    let relay = msg
-        .attribute::<XorRelayedAddress>()
-        .unwrap()
-        .addr(msg.transaction_id());
-    (c, relay)
-}
-
-fn send_indication(peer: &str, payload: &[u8]) -> Vec<u8> {
-    let mut msg = Message::builder(
-        MessageType::from_class_method(MessageClass::Indication, SEND),
-        TransactionId::generate(),
-        MessageWriteVec::new(),
-    );
-    let txid = msg.transaction_id();
-    msg.add_attribute(&XorPeerAddress::new(peer.parse().unwrap(), txid))
-        .unwrap();
-    msg.add_attribute(&Data::new(payload)).unwrap();
-    msg.finish()
-}
+use uturn_testkit::engine::{
+    allocate, channel_attrs, config, peer_attr, send_indication, udp, Attrs, Client, Harness,
+    Reply, CLIENT, EPOCH_UNIX, PEER, STATIC_AUTH,
+};
 
 #[test]
 fn binding_is_answered_without_auth_and_at_most_about_twice_its_size() {
@@ -1611,18 +1334,7 @@ fn accounting_invariants_hold_after_any_sequence_of_operations() {
                 0 | 1 => {
                     clients[i].learn_nonce(h, &from(i));
                     let request = clients[i].build(ALLOCATE, TransactionId::generate(), &udp, true);
-                    let spec = h.snap.listeners[0].clone();
-                    let action = h.engine.handle_client(
-                        h.now,
-                        &h.snap,
-                        ListenerRef {
-                            id: ListenerId(1),
-                            spec: &spec,
-                        },
-                        from(i).parse().unwrap(),
-                        &request,
-                        &mut h.out,
-                    );
+                    let action = h.handle(&from(i), &request);
                     if let ClientAction::AllocateRelay(relay) = action {
                         let bound = if op == 0 {
                             opened += 1;

@@ -1,13 +1,13 @@
 //! turncat against a TURN server no one here wrote: coturn's `turnserver` on loopback, over
 //! each of UDP, TCP, TLS and DTLS. Each test has its own coturn, echo peer and turncat.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{free_port, relay_through, self_signed_cert, temp_dir, wait_for_tcp, Killed};
+use uturn_testkit::stunnerd::{free_port, temp_dir, wait_for_tcp, Killed};
+use uturn_testkit::tls::self_signed_cert;
+use uturn_testkit::turncat::relay_through;
 
 /// A coturn serving TURN over UDP and TCP on `port` and TLS and DTLS on `tls_port`.
 struct Coturn {
@@ -136,7 +136,7 @@ fn turncat_stdio(args: &[&str], input: &[u8], timeout: Duration) -> (Option<i32>
 #[test]
 fn stdin_is_relayed_and_echoes_reach_stdout_then_it_exits() {
     let server = coturn();
-    let echo = support::EchoServer::start();
+    let echo = uturn_testkit::peers::Peer::start();
     let peer = format!("udp://{}", echo.addr);
     for (transport, port, insecure) in [("udp", server.port, false), ("tls", server.tls_port, true)]
     {
@@ -176,7 +176,7 @@ fn wrong_password_and_untrusted_certificate_fail_with_a_fix() {
 #[test]
 fn a_shared_secret_mints_credentials_coturn_accepts() {
     let server = coturn_with(&["--use-auth-secret", "--static-auth-secret=s3cr3t"]);
-    let echo = support::EchoServer::start();
+    let echo = uturn_testkit::peers::Peer::start();
     let peer = format!("udp://{}", echo.addr);
     let uri = format!("turn://alice@127.0.0.1:{}", server.port);
     let args = ["--secret", "s3cr3t", "-", uri.as_str(), peer.as_str()];

@@ -4,24 +4,13 @@
 //! The server is the workspace's `stunnerd` binary, found beside `turncat` in the target
 //! directory (`cargo test --workspace` builds every binary before it runs any test).
 
-mod support;
-
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use support::{free_port, relay_through, self_signed_cert, temp_dir, wait_for_tcp, Killed};
-
-fn stunnerd_binary() -> PathBuf {
-    let path = std::path::Path::new(env!("CARGO_BIN_EXE_turncat")).with_file_name("stunnerd");
-    assert!(
-        path.exists(),
-        "{} is missing: build it first (cargo build -p uturn-stunnerd), or run the workspace's \
-         tests (cargo test --workspace)",
-        path.display()
-    );
-    path
-}
+use uturn_testkit::stunnerd::{free_port, stunnerd_binary, temp_dir, wait_for_tcp, Killed};
+use uturn_testkit::tls::self_signed_cert;
+use uturn_testkit::turncat::relay_through;
 
 /// A stunnerd with one listener of each kind; ports: (udp and tcp, tls and dtls).
 struct Uturn {

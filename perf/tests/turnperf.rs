@@ -1,19 +1,11 @@
 //! turnperf against a TURN server no one here wrote: coturn's `turnserver` on loopback.
 
 use std::net::UdpSocket;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
+use uturn_testkit::stunnerd::Killed;
 
-struct Coturn(Child);
-
-impl Drop for Coturn {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn coturn() -> (Coturn, u16) {
+fn coturn() -> (Killed, u16) {
     // A port free for UDP and TCP (coturn serves both on it).
     let port = loop {
         let port = UdpSocket::bind("127.0.0.1:0")
@@ -52,7 +44,7 @@ fn coturn() -> (Coturn, u16) {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(200));
-    (Coturn(child), port)
+    (Killed(child), port)
 }
 
 fn turnperf(args: &[&str]) -> (i32, String, String) {

@@ -23,35 +23,29 @@ use stun_proto::types::attribute::{
     UnknownAttributes, Username, XorMappedAddress,
 };
 use stun_proto::types::message::{
-    IntegrityAlgorithm, IntegrityKey, LongTermKeyCredentials, Message, MessageClass, MessageType,
-    MessageWrite, MessageWriteExt, MessageWriteVec, Method, TransactionId, BINDING,
+    IntegrityAlgorithm, IntegrityKey, Message, MessageClass, MessageType, MessageWrite,
+    MessageWriteExt, MessageWriteVec, Method, TransactionId, BINDING,
 };
 use turn_types::attribute::{
     ChannelNumber, Data, Lifetime, RequestedTransport, XorPeerAddress, XorRelayedAddress,
 };
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRESH, SEND};
 use uturn_dataplane::proto::{
-    AllocationLedger, Bytes, ClientAction, DropReason, Engine, EngineConfig, Family, ListenerId,
-    ListenerRef, PeerAction, RelayBindError, RelayId, AMPLIFICATION_FACTOR, CHANNEL_LIFETIME,
-    CHANNEL_NUMBERS, PEER_HEADROOM, PERMISSION_LIFETIME,
+    AllocationLedger, Bytes, ClientAction, DropReason, Engine, Family, ListenerId, ListenerRef,
+    PeerAction, RelayBindError, RelayId, AMPLIFICATION_FACTOR, CHANNEL_LIFETIME, CHANNEL_NUMBERS,
+    PEER_HEADROOM, PERMISSION_LIFETIME,
 };
 use uturn_shared::config::{parse_config, StunnerConfig};
 use uturn_shared::framing::MAX_FRAME;
 use uturn_shared::policy::{canonical_peer, unmapped_ip};
 use uturn_shared::snapshot::{ClusterId, Snapshot};
+use uturn_testkit::engine::{engine_config, long_term_key};
 
-/// Unix time at the virtual clock's epoch.
-pub const EPOCH_UNIX: u64 = 1_800_000_000;
-/// The engines' nonce key.
-pub const NONCE_KEY: [u8; 32] = [42; 32];
-/// The one static user.
-pub const USER: &str = "user1";
-/// Its password.
-pub const PASS: &str = "pass1";
+// The virtual clock's Unix epoch, the nonce key, the one static user and the reply buffer
+// size are the test kit's, as the engine scenarios use them.
+pub use uturn_testkit::engine::{EPOCH_UNIX, NONCE_KEY, OUT_LEN, PASS, USER};
 /// The realm of every config here.
 pub const REALM: &str = "fuzz.example";
-/// The shell's reply buffer (`io::shard::BUFFER`).
-pub const OUT_LEN: usize = 2048;
 /// Largest datagram the shell hands the engine (it drops 1600 bytes or more).
 pub const MAX_DATAGRAM: usize = 1599;
 /// Transaction id of the setup Allocate in `engine_session` (a seed retransmits it).
@@ -179,18 +173,14 @@ pub fn epoch() -> Instant {
     *E.get_or_init(Instant::now)
 }
 
-fn user_key(alg: IntegrityAlgorithm) -> IntegrityKey {
-    LongTermKeyCredentials::new(USER.into(), PASS.into(), REALM.into()).make_key(alg)
-}
-
+/// The user's keys, made once: SHA-1, SHA-256, and SHA-1 with a wrong password.
 fn keys() -> &'static [IntegrityKey; 3] {
     static K: OnceLock<[IntegrityKey; 3]> = OnceLock::new();
     K.get_or_init(|| {
         [
-            user_key(IntegrityAlgorithm::Sha1),
-            user_key(IntegrityAlgorithm::Sha256),
-            LongTermKeyCredentials::new(USER.into(), "wrong".into(), REALM.into())
-                .make_key(IntegrityAlgorithm::Sha1),
+            long_term_key(USER, PASS, REALM, IntegrityAlgorithm::Sha1),
+            long_term_key(USER, PASS, REALM, IntegrityAlgorithm::Sha256),
+            long_term_key(USER, "wrong", REALM, IntegrityAlgorithm::Sha1),
         ]
     })
 }
@@ -323,7 +313,7 @@ impl Harness {
         max_allocations: usize,
         authenticated: bool,
     ) -> Harness {
-        let mut config = EngineConfig::new(epoch(), EPOCH_UNIX, NONCE_KEY);
+        let mut config = engine_config(epoch());
         // 0 turns the 401/438 rate limit off, so it hides no path.
         config.limits.challenge_rate = 0;
         config.limits.max_permissions = max_permissions;

@@ -1,16 +1,19 @@
 //! The committed seed corpus, as code: `examples/gen_corpus.rs` writes these to
 //! `corpus/<target>/<name>` and replays each through its target's checks.
 
-use crate::engine::{op, AuthRequest, PEERS, SETUP_ALLOCATE_TXID, SETUP_CHANNEL, SETUP_PEER};
+use crate::engine::{
+    op, AuthRequest, PASS, PEERS, REALM, SETUP_ALLOCATE_TXID, SETUP_CHANNEL, SETUP_PEER, USER,
+};
 use crate::input::Output;
 use std::net::SocketAddr;
-use stun_proto::types::attribute::{AttributeType, Nonce, RawAttribute, Realm, Username};
+use stun_proto::types::attribute::{AttributeType, RawAttribute, Username};
 use stun_proto::types::message::{
-    IntegrityAlgorithm, LongTermKeyCredentials, Message, MessageClass, MessageType, MessageWrite,
-    MessageWriteExt, MessageWriteVec, Method, TransactionId, BINDING,
+    Message, MessageClass, MessageType, MessageWrite, MessageWriteExt, MessageWriteVec, Method,
+    TransactionId, BINDING,
 };
 use turn_types::attribute::{ChannelNumber, Data, Lifetime, RequestedTransport, XorPeerAddress};
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRESH, SEND};
+use uturn_testkit::engine::sign;
 
 /// One seed: target, file name, bytes.
 pub struct Seed {
@@ -54,14 +57,13 @@ fn signed_with_bad_nonce(
     attrs: &[&dyn stun_proto::types::attribute::AttributeWrite],
 ) -> Vec<u8> {
     let mut m = msg(MessageClass::Request, method, attrs);
-    m.add_attribute(&Username::new("user1").unwrap()).unwrap();
-    m.add_attribute(&Realm::new("fuzz.example").unwrap())
-        .unwrap();
-    m.add_attribute(&Nonce::new("00000001ffffffffffffffffffffffff").unwrap())
-        .unwrap();
-    let creds = LongTermKeyCredentials::new("user1".into(), "pass1".into(), "fuzz.example".into());
-    m.add_message_integrity(&creds.into(), IntegrityAlgorithm::Sha1)
-        .unwrap();
+    sign(
+        &mut m,
+        USER,
+        PASS,
+        REALM,
+        "00000001ffffffffffffffffffffffff",
+    );
     m.finish()
 }
 

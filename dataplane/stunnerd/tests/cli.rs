@@ -1,12 +1,8 @@
 //! The stunnerd command line: every flag accepted, clear exits for what is not there yet.
 
-mod support;
-
-#[path = "../../../control/tests/support/apiserver.rs"]
-mod apiserver;
-
 use std::process::Command;
-use support::{free_port, temp_file, wait_until, Stunnerd};
+use uturn_testkit::apiserver;
+use uturn_testkit::stunnerd::{free_port, temp_file, wait_until, Stunnerd};
 
 fn stunnerd(args: &[&str]) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_stunnerd"))

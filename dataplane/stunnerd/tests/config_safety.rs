@@ -3,17 +3,16 @@
 //! reload; a port another process serves is refused (unless `--allow-shared-ports`). The
 //! real stunnerd binary, live relays through turncat (TLS, DTLS) and turn-client-proto (UDP).
 
-mod support;
-
 use base64::Engine as _;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use support::{
-    free_port, http_get, metric, paced_echo, served_certificate, stream, temp_file, turncat_tunnel,
-    wait_until, Driver, Peer, RecordingPeer, Stunnerd,
-};
+use uturn_testkit::peers::Peer;
+use uturn_testkit::stunnerd::{free_port, http_get, metric, temp_file, wait_until, Stunnerd};
+use uturn_testkit::tls::served_certificate;
+use uturn_testkit::turn_client::{stream, Driver};
+use uturn_testkit::turncat::{paced_echo, turncat_tunnel};
 
 const AUTH: &str = "{type: static, credentials: {username: user1, password: pass1}}";
 
@@ -123,7 +122,7 @@ fn a_mismatched_key_on_reload_drops_nothing_and_a_good_rotation_applies() {
     );
 
     // Live relays over TLS and DTLS, through turncat to an echo peer.
-    let peer = RecordingPeer::start();
+    let peer = Peer::start();
     let tls_uri = format!(
         "turns://user1:pass1@127.0.0.1:{}?transport=tcp",
         ports.secure

@@ -2,19 +2,14 @@
 //! discovery server speaking STUNner's protocol, and a Kubernetes API-server fake (LIST and
 //! chunked WATCH) through the real kube-rs client, with `turn-client-proto` relaying through it.
 
-mod support;
-
-#[path = "../../../control/tests/support/apiserver.rs"]
-mod apiserver;
-#[path = "../../../control/tests/support/cds.rs"]
-mod cds;
-
 use apiserver::{endpoint_slice, service, FakeApiServer, Kind};
 use serde_json::Value;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::Duration;
-use support::{free_port, status, temp_file, wait_until, Driver, Stunnerd};
 use turn_client_proto::api::TurnEvent;
+use uturn_testkit::stunnerd::{free_port, status, temp_file, wait_until, Stunnerd};
+use uturn_testkit::turn_client::Driver;
+use uturn_testkit::{apiserver, cds};
 
 const CREATE_PERMISSION: u16 = 0x0008;
 const CHANNEL_BIND: u16 = 0x0009;
@@ -951,7 +946,7 @@ fn file_watch_waits_for_the_file_and_keeps_the_config_on_bad_updates() {
 
 fn http_at(ip: &str, port: u16, path: &str) -> Option<u16> {
     let addr = SocketAddr::new(ip.parse().unwrap(), port);
-    support::http_get_from(addr, path).map(|(code, _)| code)
+    uturn_testkit::stunnerd::http_get_from(addr, path).map(|(code, _)| code)
 }
 
 /// `http://:PORT` (the default form) listens dual-stack, as stunnerd's Go listener does: kubelet
@@ -1082,7 +1077,7 @@ fn an_admin_endpoint_that_cannot_listen_rejects_the_config() {
 }
 
 fn ready(health: u16) -> Option<u16> {
-    support::http_get(health, "/ready").map(|(code, _)| code)
+    uturn_testkit::stunnerd::http_get(health, "/ready").map(|(code, _)| code)
 }
 
 /// A new pod must not report ready before it knows the endpoints of its Services, or it

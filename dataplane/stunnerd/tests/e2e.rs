@@ -1,37 +1,13 @@
 //! End to end on loopback: the real `stunnerd` binary against coturn's `turnutils_uclient` and
 //! `turnutils_peer`.
 
-mod support;
-
 use std::io::Read;
 use std::net::UdpSocket;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
-use support::{free_port, metric};
+use uturn_testkit::stunnerd::{free_port, metric, Killed};
 
-/// A process killed (by PID) when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proc {
-    fn stdout(mut self) -> String {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        let mut out = String::new();
-        if let Some(mut s) = self.0.stdout.take() {
-            let _ = s.read_to_string(&mut out);
-        }
-        out
-    }
-}
-
-fn stunnerd(args: &[&str], shards: &str) -> Proc {
+fn stunnerd(args: &[&str], shards: &str) -> Killed {
     let child = Command::new(env!("CARGO_BIN_EXE_stunnerd"))
         .args(args)
         .env("UTURN_SHARDS", shards)
@@ -40,7 +16,7 @@ fn stunnerd(args: &[&str], shards: &str) -> Proc {
         .spawn()
         .expect("start stunnerd");
     std::thread::sleep(Duration::from_millis(500));
-    Proc(child)
+    Killed(child)
 }
 
 fn config_file(auth: &str, port: u16, cluster: &str) -> tempfile_path::Path {
@@ -73,14 +49,14 @@ mod tempfile_path {
     }
 }
 
-fn turnutils_peer(port: u16) -> Proc {
+fn turnutils_peer(port: u16) -> Killed {
     let child = Command::new("turnutils_peer")
         .args(["-p", &port.to_string(), "-L", "127.0.0.1"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("turnutils_peer (apt-get install coturn)");
-    Proc(child)
+    Killed(child)
 }
 
 /// Runs `turnutils_uclient` and returns (messages sent, messages received, output).
@@ -112,8 +88,8 @@ fn uclient_for(secs: u32, args: &[&str]) -> (u64, u64, String) {
 const STATIC: &str = "{type: static, credentials: {username: user1, password: \"pa$$w0rd\"}}";
 
 struct Setup {
-    _server: Proc,
-    _peer: Proc,
+    _server: Killed,
+    _peer: Killed,
     _config: tempfile_path::Path,
     port: String,
     peer_port: String,
@@ -219,14 +195,14 @@ fn host_ip() -> String {
     ip.to_string()
 }
 
-fn turnutils_peer_on(ip: &str, port: u16) -> Proc {
+fn turnutils_peer_on(ip: &str, port: u16) -> Killed {
     let child = Command::new("turnutils_peer")
         .args(["-p", &port.to_string(), "-L", ip])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("turnutils_peer (apt-get install coturn)");
-    Proc(child)
+    Killed(child)
 }
 
 #[test]
@@ -283,7 +259,7 @@ struct Netns {
     host_link: String,
     host_ip: std::net::Ipv4Addr,
     peer_ip: std::net::Ipv4Addr,
-    procs: Vec<Proc>,
+    procs: Vec<Killed>,
 }
 
 /// Runs `ip ARGS`; panics with its stderr if it fails.
@@ -352,14 +328,14 @@ impl Netns {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("ip netns exec … python3");
-        self.procs.push(Proc(child));
+        self.procs.push(Killed(child));
         let peer = std::net::SocketAddr::from((self.peer_ip, port));
         let probe = UdpSocket::bind((self.host_ip, 0)).unwrap();
         probe
             .set_read_timeout(Some(Duration::from_millis(100)))
             .unwrap();
         let mut buf = [0u8; 16];
-        let echoes = support::wait_until(10, || {
+        let echoes = uturn_testkit::stunnerd::wait_until(10, || {
             let _ = probe.send_to(b"ready?", peer);
             matches!(probe.recv_from(&mut buf), Ok((6, from)) if from == peer)
         });
@@ -409,7 +385,8 @@ fn turn_uri_mode_relays_to_a_peer_in_a_network_namespace() {
     // Started after the veth exists, so its host side is one of the gateway's own addresses.
     let uri = format!("turn://user1:pass1@127.0.0.1:{port}?transport=udp");
     let _server = stunnerd(&[&uri], "1");
-    let mut client = support::Driver::new(([127, 0, 0, 1], port).into(), "user1", "pass1");
+    let mut client =
+        uturn_testkit::turn_client::Driver::new(([127, 0, 0, 1], port).into(), "user1", "pass1");
     let relay = client.allocate().expect("allocation");
     assert!(client.permit(peer.ip()), "permission for {peer} refused");
     // Ten datagrams of 40 to 913 bytes, each different from the others.
@@ -427,7 +404,7 @@ fn turn_uri_mode_relays_to_a_peer_in_a_network_namespace() {
         for payload in &payloads {
             client.send(peer, payload);
         }
-        let all_back = support::wait_until(5, || {
+        let all_back = uturn_testkit::stunnerd::wait_until(5, || {
             client.drive(0.05);
             client.received.len() >= payloads.len()
         });
@@ -496,7 +473,7 @@ fn peer_outside_routed_clusters_gets_403_and_nothing_relayed() {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .map(Proc)
+        .map(Killed)
         .unwrap();
     let (port, peer_port) = (port.to_string(), peer_port.to_string());
     let (_, received, text) = uclient(&[
@@ -618,8 +595,8 @@ const CREDS: [&str; 4] = ["-u", "user1", "-w", "pa$$w0rd"];
 const TLS_SECS: u32 = 170;
 
 struct Streams {
-    server: Proc,
-    _peer: Proc,
+    server: Killed,
+    _peer: Killed,
     _config: tempfile_path::Path,
     tcp: String,
     /// TURN-TLS on TCP and TURN-DTLS on UDP share this port.

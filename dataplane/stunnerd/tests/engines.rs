@@ -5,11 +5,10 @@
 //! cpuset (`taskset`) allows. The rest of the suite runs against both engines (`.ci/run`
 //! repeats it with `UTURN_IO_ENGINE=epoll`).
 
-mod support;
-
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
-use support::{free_port, temp_file, wait_until, Driver, Stunnerd};
+use uturn_testkit::stunnerd::{free_port, temp_file, wait_until, Stunnerd};
+use uturn_testkit::turn_client::Driver;
 
 const MEMLOCK_64K: &[&str] = &["prlimit", "--memlock=65536:65536"];
 

@@ -2,7 +2,6 @@
 //! spoofed-looking Allocate floods, malformed datagrams and half-open TCP connections beside a
 //! live relay, one user's allocation flood against its quota, relay socket exhaustion, and
 //! DTLS ClientHellos that must not create sessions before a cookie round trip.
-mod support;
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -11,10 +10,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use stun_proto::types::attribute::ErrorCode;
 use stun_proto::types::message::Message;
-use support::{free_port, metric, stream, temp_file, wait_until, Driver, Peer, Stunnerd};
 use turn_types::message::ALLOCATE;
 use uturn_perf::client::{build_request, udp_transport, BenchClient, Credentials};
 use uturn_shared::auth::{ephemeral_password, ephemeral_username};
+use uturn_testkit::peers::Peer;
+use uturn_testkit::stunnerd::{free_port, metric, temp_file, wait_until, Stunnerd};
+use uturn_testkit::turn_client::{stream, Driver};
 
 /// These tests load the machine: one at a time, so that none measures another's load.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -53,7 +54,7 @@ fn start_with(
 
 /// The sum of every `uturn_dropped_datagrams_total` sample.
 fn dropped_total(metrics: u16) -> f64 {
-    let (_, body) = support::http_get(metrics, "/metrics").expect("/metrics");
+    let (_, body) = uturn_testkit::stunnerd::http_get(metrics, "/metrics").expect("/metrics");
     body.lines()
         .filter(|l| l.starts_with("uturn_dropped_datagrams_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

@@ -1,12 +1,12 @@
 //! What an operator sees: the real `stunnerd` binary under real signals, its probes, its
 //! metrics (parsed by the official Prometheus client's parser) and its dry run.
 
-mod support;
-
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::time::Duration;
-use support::{free_port, http_get, status, stream, temp_file, wait_until, Driver, Peer, Stunnerd};
+use uturn_testkit::peers::Peer;
+use uturn_testkit::stunnerd::{free_port, http_get, status, temp_file, wait_until, Stunnerd};
+use uturn_testkit::turn_client::{stream, Driver};
 
 const REFRESH: u16 = 0x0004;
 const CHANNEL_BIND: u16 = 0x0009;

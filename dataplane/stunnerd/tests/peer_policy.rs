@@ -2,11 +2,10 @@
 //! real sockets: the gateway's own addresses (every interface address of the host, both
 //! families) are refused as peers unless a cluster lists them exactly.
 
-mod support;
-
 use std::net::{IpAddr, SocketAddr};
-use support::{binding_request, free_port, wait_until, Stunnerd, TurnLink};
 use uturn_perf::turncat::transport::Protocol;
+use uturn_testkit::link::{binding_request, TurnLink};
+use uturn_testkit::stunnerd::{free_port, wait_until, Stunnerd};
 
 /// A config with TURN-UDP listeners on `port` (advertised 127.0.0.1, as the README's quick
 /// start) and `port + 1` (advertised ::1: IPv6 relays), health and metrics on the wildcard,
@@ -48,7 +47,7 @@ fn sendable(ip: &IpAddr) -> bool {
 #[test]
 fn own_addresses_are_refused_on_every_port_unless_listed_exactly() {
     let (port, health, metrics) = (free_port(), free_port(), free_port());
-    let path = support::temp_file("own.yaml");
+    let path = uturn_testkit::stunnerd::temp_file("own.yaml");
     let any = "\"0.0.0.0/0\", \"::/0\"";
     write_config(&path, &config(port, health, metrics, any));
     let origin = format!("file://{}", path.display());
@@ -56,7 +55,7 @@ fn own_addresses_are_refused_on_every_port_unless_listed_exactly() {
     let server: SocketAddr = ([127, 0, 0, 1], port).into();
     let server6: SocketAddr = ([127, 0, 0, 1], port + 1).into();
     assert!(
-        wait_until(10, || support::http_get(health, "/ready")
+        wait_until(10, || uturn_testkit::stunnerd::http_get(health, "/ready")
             .is_some_and(|(c, _)| c == 200)),
         "not ready: {}",
         server_proc.logs()
@@ -284,11 +283,11 @@ fn peer_policy_table_over_entry_points_transports_and_encodings() {
     text += &format!(
         "clusters: [{{name: any, endpoints: [\"0.0.0.0/0\", \"::/0\", \"127.0.0.2\", \"{own6}\"]}}]\n"
     );
-    let path = support::temp_file("table.yaml");
+    let path = uturn_testkit::stunnerd::temp_file("table.yaml");
     std::fs::write(&path, &text).unwrap();
     let server = Stunnerd::start(&["-c", &format!("file://{}", path.display())], &[]);
     assert!(
-        wait_until(10, || support::http_get(health, "/ready")
+        wait_until(10, || uturn_testkit::stunnerd::http_get(health, "/ready")
             .is_some_and(|(c, _)| c == 200)),
         "not ready: {}",
         server.logs()
@@ -471,11 +470,11 @@ fn relayed_datagrams_leave_with_the_default_ttl_and_hop_limit() {
          clusters: [{{name: peers, endpoints: [\"127.0.0.1\", \"::1\"]}}]\n",
         port + 1
     );
-    let path = support::temp_file("ttl.yaml");
+    let path = uturn_testkit::stunnerd::temp_file("ttl.yaml");
     std::fs::write(&path, &text).unwrap();
     let server = Stunnerd::start(&["-c", &format!("file://{}", path.display())], &[]);
     assert!(
-        wait_until(10, || support::http_get(health, "/ready")
+        wait_until(10, || uturn_testkit::stunnerd::http_get(health, "/ready")
             .is_some_and(|(c, _)| c == 200)),
         "not ready: {}",
         server.logs()

@@ -1,24 +1,14 @@
 //! The real `stunnerd` binary against an independent TURN client: the `turn-client-proto` crate.
 
-mod support;
-
 use std::net::{SocketAddr, UdpSocket};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
-use support::Driver;
 use turn_client_proto::api::{TurnClientApi, TurnEvent};
 use turn_types::stun::TransportType;
+use uturn_testkit::stunnerd::Killed;
+use uturn_testkit::turn_client::Driver;
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_server(auth: &str) -> (Server, SocketAddr, std::path::PathBuf) {
+fn start_server(auth: &str) -> (Killed, SocketAddr, std::path::PathBuf) {
     let port = UdpSocket::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -40,7 +30,7 @@ fn start_server(auth: &str) -> (Server, SocketAddr, std::path::PathBuf) {
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     (
-        Server(child),
+        Killed(child),
         format!("127.0.0.1:{port}").parse().unwrap(),
         path,
     )

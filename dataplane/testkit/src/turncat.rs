@@ -1,161 +1,87 @@
-//! End-to-end helpers for turncat, generic over the TURN server: any server that listens on
-//! loopback and accepts `turn://…` URIs works. A test starts its server, then calls
-//! [`relay_through`] with the server's URI; the helpers own the UDP echo peer, the real
-//! `turncat` binary and the client socket, and stop every process they started.
+//! turncat as a test drives it: the real `turncat` binary in front of a TURN server (any
+//! server that listens on loopback and accepts `turn://` URIs), or uturn-perf's tunnel in
+//! this process; and the datagram round trips that check what comes back.
 
-#![allow(dead_code)]
-
+use crate::peers::Peer;
+use crate::stunnerd::{free_port, wait_until, workspace_binary, Killed};
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::{SocketAddr, UdpSocket};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// A turncat tunnel (uturn-perf's, in this process) from a fresh local UDP port through the
+/// TURN server at `server_uri` (any certificate accepted) to `peer`, and a socket connected
+/// to that port, once a datagram has made the round trip. The tunnel runs until the test
+/// process ends.
+pub fn turncat_tunnel(server_uri: &str, peer: SocketAddr) -> UdpSocket {
+    use uturn_perf::turncat::{Args, Tunnel};
+    let local = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let tunnel = Tunnel::resolve(
+        &Args {
+            client: format!("udp://{local}"),
+            server: server_uri.to_string(),
+            peer: format!("udp://{peer}"),
+            insecure: true,
+            ..Args::default()
+        },
+        0,
+    )
+    .unwrap();
+    std::thread::spawn(move || tunnel.run());
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.connect(local).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let through = wait_until(15, || {
+        let _ = socket.send(b"hello");
+        matches!(socket.recv(&mut buf), Ok(5))
+    });
+    assert!(through, "no round trip through {server_uri}");
+    // Echoes of the extra hellos still in flight.
+    std::thread::sleep(Duration::from_millis(300));
+    while socket.recv(&mut buf).is_ok() {}
+    socket
+}
+
+/// Sends numbered datagrams through `socket` (see [`turncat_tunnel`]) one per 10 ms until
+/// `stop`, then waits for the stragglers; (sent, echoed back).
+pub fn paced_echo(socket: &UdpSocket, stop: &std::sync::atomic::AtomicBool) -> (u64, u64) {
+    let (mut sent, mut echoed) = (0u64, 0u64);
+    let mut buf = [0u8; 64];
+    socket
+        .set_read_timeout(Some(Duration::from_millis(10)))
+        .unwrap();
+    let mut drain = |echoed: &mut u64| {
+        while let Ok(n) = socket.recv(&mut buf) {
+            if buf[..n].starts_with(b"seq ") {
+                *echoed += 1;
+            }
+        }
+    };
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if socket.send(format!("seq {sent:06}").as_bytes()).is_ok() {
+            sent += 1;
+        }
+        drain(&mut echoed);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while echoed < sent && std::time::Instant::now() < deadline {
+        drain(&mut echoed);
+    }
+    (sent, echoed)
+}
 
 /// Datagrams a transport test sends.
 pub const DATAGRAMS: usize = 10_000;
+
 /// Datagrams in flight at most: well under any socket buffer.
 pub const WINDOW: usize = 64;
+
 /// The bound on one transport test's relay phase.
 pub const DEADLINE: Duration = Duration::from_secs(60);
-
-/// A child process killed (and reaped) when dropped.
-pub struct Killed(pub Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A port free for UDP and TCP that no other test in this process gets (see
-/// `uturn_perf::ports`: two stunnerds sharing a port by chance split one client's packets).
-pub use uturn_perf::ports::free_port;
-
-/// Waits until something accepts TCP connections on `addr`.
-pub fn wait_for_tcp(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("nothing listens on tcp {addr} after {timeout:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A fresh directory under the system temp dir.
-pub fn temp_dir(label: &str) -> PathBuf {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "uturn-{label}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// A self-signed certificate for `localhost` and 127.0.0.1 and its key, as PEM files.
-pub struct Certificate {
-    /// The certificate.
-    pub cert: PathBuf,
-    /// The private key.
-    pub key: PathBuf,
-}
-
-/// Writes a self-signed P-256 certificate (CN=localhost) into `dir`.
-pub fn self_signed_cert(dir: &Path) -> Certificate {
-    use openssl::asn1::Asn1Time;
-    use openssl::bn::BigNum;
-    use openssl::ec::{EcGroup, EcKey};
-    use openssl::hash::MessageDigest;
-    use openssl::nid::Nid;
-    use openssl::pkey::PKey;
-    use openssl::x509::extension::SubjectAlternativeName;
-    use openssl::x509::{X509Builder, X509NameBuilder};
-
-    let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap();
-    let key = PKey::from_ec_key(EcKey::generate(&group).unwrap()).unwrap();
-    let mut name = X509NameBuilder::new().unwrap();
-    name.append_entry_by_nid(Nid::COMMONNAME, "localhost")
-        .unwrap();
-    let name = name.build();
-    let mut x509 = X509Builder::new().unwrap();
-    x509.set_version(2).unwrap();
-    let serial = BigNum::from_u32(1).unwrap().to_asn1_integer().unwrap();
-    x509.set_serial_number(&serial).unwrap();
-    x509.set_subject_name(&name).unwrap();
-    x509.set_issuer_name(&name).unwrap();
-    x509.set_pubkey(&key).unwrap();
-    x509.set_not_before(&Asn1Time::days_from_now(0).unwrap())
-        .unwrap();
-    x509.set_not_after(&Asn1Time::days_from_now(1).unwrap())
-        .unwrap();
-    let san = SubjectAlternativeName::new()
-        .dns("localhost")
-        .ip("127.0.0.1")
-        .build(&x509.x509v3_context(None, None))
-        .unwrap();
-    x509.append_extension(san).unwrap();
-    x509.sign(&key, MessageDigest::sha256()).unwrap();
-    let cert = dir.join("cert.pem");
-    let key_path = dir.join("key.pem");
-    std::fs::write(&cert, x509.build().to_pem().unwrap()).unwrap();
-    std::fs::write(&key_path, key.private_key_to_pem_pkcs8().unwrap()).unwrap();
-    Certificate {
-        cert,
-        key: key_path,
-    }
-}
-
-/// A UDP echo peer on loopback, stopped when dropped.
-pub struct EchoServer {
-    /// Where it listens.
-    pub addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl EchoServer {
-    /// Starts an echo peer on a free loopback port.
-    pub fn start() -> EchoServer {
-        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        let addr = socket.local_addr().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut buf = vec![0u8; 65_536];
-            while !stopped.load(Ordering::Relaxed) {
-                if let Ok((n, from)) = socket.recv_from(&mut buf) {
-                    let _ = socket.send_to(&buf[..n], from);
-                }
-            }
-        });
-        EchoServer {
-            addr,
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for EchoServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
 
 /// A running `turncat` listening on a loopback UDP port; killed when dropped.
 pub struct Turncat {
@@ -169,7 +95,7 @@ impl Turncat {
     /// Starts `turncat [extra_args] udp://127.0.0.1:FREE <server_uri> udp://<peer>`.
     pub fn start(server_uri: &str, peer: SocketAddr, extra_args: &[&str]) -> Turncat {
         let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_turncat"))
+        let mut child = Command::new(workspace_binary("turncat"))
             .args(extra_args)
             .arg(format!("udp://{listen}"))
             .arg(server_uri)
@@ -342,7 +268,7 @@ pub fn warm_up(client: &UdpSocket, turncat: &Turncat, timeout: Duration) -> Resu
 /// of the server, one warm-up datagram (and the flow's ready line), then [`DATAGRAMS`]
 /// datagrams through [`roundtrip`]. Panics with turncat's stderr on failure.
 pub fn relay_through(server_uri: &str, turncat_args: &[&str]) -> Roundtrip {
-    let echo = EchoServer::start();
+    let echo = Peer::start();
     let turncat = Turncat::start(server_uri, echo.addr, turncat_args);
     let client = UdpSocket::bind("127.0.0.1:0").unwrap();
     warm_up(&client, &turncat, Duration::from_secs(20))

@@ -2,7 +2,6 @@
 //! serving LIST and chunked WATCH of `discovery.k8s.io/v1` EndpointSlices and `v1` Services,
 //! with resource versions, label and field selectors, bookmarks, a 410 "Expired" for a watch
 //! that resumes from a compacted version, and an outage mode that refuses connections.
-#![allow(dead_code)]
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

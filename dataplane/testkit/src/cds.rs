@@ -3,7 +3,6 @@
 //! operator's body when unknown); with `watch=true` the request is a WebSocket on which the
 //! current config is pushed at once and again on every change, as a text frame; pings are
 //! answered with pongs. It records every request target, `Origin` header and ping payload.
-#![allow(dead_code)]
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,0 +1,251 @@
+//! The stunnerd process driver and the helpers a test uses to wait on it: its log, its
+//! health-check and metrics endpoints, its ports; plus scratch files and ports that no other
+//! test in the process gets.
+
+use serde_json::Value;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The path of the workspace binary `name`: beside the running test's executable
+/// (`target/<profile>/deps/<test>` is next to `target/<profile>/<name>`). Cargo builds a
+/// crate's binaries before its integration tests; `cargo test --workspace` builds them all.
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable sits in target/<profile>/deps")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (cargo build --bin {name}), or run the workspace's \
+         tests (cargo test --workspace)",
+        path.display()
+    );
+    path
+}
+
+/// The `stunnerd` binary of this workspace (see [`workspace_binary`]).
+pub fn stunnerd_binary() -> PathBuf {
+    workspace_binary("stunnerd")
+}
+
+/// A port free for UDP and TCP that no other test in this process gets (see
+/// `uturn_perf::ports`: two stunnerds sharing a port by chance split one client's packets).
+pub use uturn_perf::ports::free_port;
+
+/// A fresh path in the temp dir for a test's file called `name`.
+pub fn temp_file(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "uturn-{}-{}-{name}",
+        std::process::id(),
+        free_port()
+    ))
+}
+
+/// A fresh directory under the system temp dir.
+pub fn temp_dir(label: &str) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "uturn-{label}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A child process killed (and reaped) when dropped.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Killed {
+    /// Kills the process and returns what it wrote to its (piped) stdout.
+    pub fn stdout(mut self) -> String {
+        use std::io::Read;
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let mut out = String::new();
+        if let Some(mut s) = self.0.stdout.take() {
+            let _ = s.read_to_string(&mut out);
+        }
+        out
+    }
+}
+
+/// A stunnerd process, killed when dropped; its output goes to `log`.
+pub struct Stunnerd {
+    child: Child,
+    /// Where stdout and stderr go.
+    pub log: std::path::PathBuf,
+}
+
+impl Stunnerd {
+    /// Starts `stunnerd ARGS` with `envs` (one shard unless `envs` sets `UTURN_SHARDS`).
+    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Stunnerd {
+        Stunnerd::start_under(&[], args, envs)
+    }
+
+    /// As [`Stunnerd::start`], run through `wrapper` (a command that execs the rest, such as
+    /// `prlimit --memlock=…` or `taskset -c 0`).
+    pub fn start_under(wrapper: &[&str], args: &[&str], envs: &[(&str, &str)]) -> Stunnerd {
+        Stunnerd::start_with(wrapper, args, envs, |_| {})
+    }
+
+    /// As [`Stunnerd::start_under`], with `customize` applied to the command last (a
+    /// `pre_exec` hook, say).
+    pub fn start_with(
+        wrapper: &[&str],
+        args: &[&str],
+        envs: &[(&str, &str)],
+        customize: impl FnOnce(&mut Command),
+    ) -> Stunnerd {
+        let log = std::env::temp_dir().join(format!(
+            "uturn-stunnerd-{}-{}.log",
+            std::process::id(),
+            free_port()
+        ));
+        let out = std::fs::File::create(&log).unwrap();
+        let binary = stunnerd_binary();
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        command
+            .args(args)
+            .env("UTURN_SHARDS", "1")
+            .envs(envs.iter().copied())
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out));
+        customize(&mut command);
+        let child = command.spawn().unwrap();
+        Stunnerd { child, log }
+    }
+
+    /// What the process logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, signal);
+        }
+    }
+
+    /// Waits up to `secs` for the process to exit; its exit code.
+    pub fn wait_exit_for(&mut self, secs: f64) -> Option<i32> {
+        let deadline = std::time::Instant::now() + Duration::from_secs_f64(secs);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Waits for the process to exit (up to 10 s) and returns its exit code.
+    pub fn wait_exit(&mut self) -> Option<i32> {
+        for _ in 0..200 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for Stunnerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
+/// `GET path` from `127.0.0.1:port`: the status code and body (`None` if nothing answers).
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    http_get_from(SocketAddr::from(([127, 0, 0, 1], port)), path)
+}
+
+/// The `/status` document, if the health server answers.
+pub fn status(port: u16) -> Option<Value> {
+    let (code, body) = http_get(port, "/status")?;
+    (code == 200).then(|| serde_json::from_str(&body).ok())?
+}
+
+/// Polls `check` every 50 ms for up to `secs`; true as soon as it holds.
+pub fn wait_until(secs: u64, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub fn wait_for_tcp(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("nothing listens on tcp {addr} after {timeout:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The value of the first `/metrics` sample on `port` whose line starts with `line_start`
+/// (a metric name and its labels, with the trailing space).
+pub fn metric(port: u16, line_start: &str) -> Option<f64> {
+    let (_, body) = http_get(port, "/metrics")?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(line_start))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// `GET path` from `addr` (any family): the status code and body (`None` if nothing answers).
+pub fn http_get_from(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
