@@ -14,6 +14,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use uturn_udp::SendQueue;
 
 /// Bytes of the timing header every payload starts with.
 pub const HEADER: usize = 24;
@@ -348,58 +349,6 @@ fn iovecs_of(bufs: &mut [Vec<u8>]) -> Vec<libc::iovec> {
         .collect()
 }
 
-/// Sends `count` messages from `bufs` on a connected socket in one `sendmmsg`; how many went.
-fn send_batch(
-    fd: i32,
-    bufs: &mut [Vec<u8>],
-    dests: Option<&mut [libc::sockaddr_storage]>,
-) -> usize {
-    let mut iovecs = iovecs_of(bufs);
-    // SAFETY: zeroed mmsghdr is a valid "empty" header; fields are filled below.
-    let mut headers: Vec<libc::mmsghdr> = (0..bufs.len())
-        .map(|_| unsafe { std::mem::zeroed() })
-        .collect();
-    let dest_len = std::mem::size_of::<libc::sockaddr_storage>() as u32;
-    let mut dests = dests;
-    for (i, header) in headers.iter_mut().enumerate() {
-        header.msg_hdr.msg_iov = &mut iovecs[i];
-        header.msg_hdr.msg_iovlen = 1;
-        if let Some(dests) = dests.as_deref_mut() {
-            header.msg_hdr.msg_name = (&mut dests[i] as *mut libc::sockaddr_storage).cast();
-            header.msg_hdr.msg_namelen = dest_len;
-        }
-    }
-    // SAFETY: headers, iovecs and dests outlive the call; lengths match.
-    let sent = unsafe { libc::sendmmsg(fd, headers.as_mut_ptr(), headers.len() as u32, 0) };
-    usize::try_from(sent).unwrap_or(0)
-}
-
-/// Sends equal-size `bufs` on a connected socket as one UDP GSO message (`UDP_SEGMENT`);
-/// how many went, or `None` when the kernel refuses GSO.
-fn send_gso(fd: i32, bufs: &mut [Vec<u8>]) -> Option<usize> {
-    const SOL_UDP: libc::c_int = 17;
-    const UDP_SEGMENT: libc::c_int = 103;
-    let size = bufs.first()?.len();
-    let mut iovecs = iovecs_of(bufs);
-    let mut control = [0u64; 4];
-    // SAFETY: a zeroed msghdr is valid; the pointers set below outlive the call, and
-    // `control` is big and aligned enough for one cmsghdr carrying a u16.
-    let sent = unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = iovecs.as_mut_ptr();
-        msg.msg_iovlen = iovecs.len();
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(2) as _;
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = SOL_UDP;
-        (*cmsg).cmsg_type = UDP_SEGMENT;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(2) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), size as u16);
-        libc::sendmsg(fd, &msg, 0)
-    };
-    (sent >= 0).then_some(bufs.len())
-}
-
 /// Writes `frames` back to back on a blocking TCP connection (one `writev` unless the kernel
 /// takes less); how many frames went whole.
 fn write_stream(fd: i32, frames: &mut [Vec<u8>]) -> usize {
@@ -421,39 +370,6 @@ fn write_stream(fd: i32, frames: &mut [Vec<u8>]) -> usize {
         }
     }
     frames.len()
-}
-
-fn sockaddr(addr: SocketAddr) -> libc::sockaddr_storage {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    match addr {
-        SocketAddr::V4(v4) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from(*v4.ip()).to_be(),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_in fits in sockaddr_storage.
-            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin) };
-        }
-        SocketAddr::V6(v6) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: v6.port().to_be(),
-                sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr {
-                    s6_addr: v6.ip().octets(),
-                },
-                sin6_scope_id: 0,
-            };
-            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
-            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin6) };
-        }
-    }
-    storage
 }
 
 /// A pacer: how many datagrams may go now to keep `rate` per second (0: no limit).
@@ -672,7 +588,12 @@ impl Setup {
         let mut pacer = Pacer::new(rate);
         let mut seq = 0u64;
         let mut next = 0usize;
-        let mut gso = self.gso;
+        // Client sockets are non-blocking: a full buffer drops the rest of a batch.
+        let mut queue = if self.gso {
+            SendQueue::new()
+        } else {
+            SendQueue::new().without_gso()
+        };
         let want = if rate == 0 { 1 } else { self.burst };
         while let Some(budget) = pacer.due(stop, want) {
             // Unpaced: a batch per allocation; paced: a burst per allocation in turn.
@@ -690,36 +611,39 @@ impl Setup {
                 pacer.sent(n, sent);
                 continue;
             }
-            let via_gso = if gso && count > 1 {
-                send_gso(fd, &mut frames[i][..count])
-            } else {
-                None
-            };
-            // Once the kernel refuses GSO, stop asking.
-            gso &= via_gso.is_some() || count <= 1;
-            let n = via_gso.unwrap_or_else(|| send_batch(fd, &mut frames[i][..count], None));
+            // Equal-size frames to one server: with `gso`, one UDP GSO message per batch (until
+            // the kernel refuses GSO).
+            let mut n = 0;
+            let mut count_sent = |_, outcome: io::Result<usize>| n += usize::from(outcome.is_ok());
+            for frame in &frames[i][..count] {
+                queue.push_connected(fd, frame, 0, &mut count_sent);
+            }
+            queue.flush(&mut count_sent);
             pacer.sent(n, sent);
         }
     }
 
     fn send_down(&self, rate: u64, epoch: Instant, stop: &AtomicBool, sent: &AtomicU64) {
-        let relays: Vec<libc::sockaddr_storage> =
-            self.clients.iter().map(|c| sockaddr(c.relay)).collect();
-        let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; self.size]).collect();
-        let mut dests: Vec<libc::sockaddr_storage> = vec![relays[0]; BATCH];
+        let relays: Vec<SocketAddr> = self.clients.iter().map(|c| c.relay).collect();
+        let mut payload = vec![0u8; self.size];
+        // The peer's socket blocks: a full buffer holds the sender back, as a media server's
+        // would. One datagram per message, each to its own allocation's relay address.
+        let mut queue = SendQueue::new().without_gso().waiting();
         let mut pacer = Pacer::new(rate);
         let mut seq = 0u64;
         let mut next = 0usize;
         let fd = self.peer.as_raw_fd();
         while let Some(budget) = pacer.due(stop, 1) {
             let now = epoch.elapsed().as_nanos() as u64;
-            for k in 0..budget {
-                write_header(&mut bufs[k], next as u32, seq, now);
-                dests[k] = relays[next];
+            let mut n = 0;
+            let mut count_sent = |_, outcome: io::Result<usize>| n += usize::from(outcome.is_ok());
+            for _ in 0..budget {
+                write_header(&mut payload, next as u32, seq, now);
+                queue.push(fd, &payload, relays[next], 0, &mut count_sent);
                 seq += 1;
                 next = (next + 1) % relays.len();
             }
-            let n = send_batch(fd, &mut bufs[..budget], Some(&mut dests[..budget]));
+            queue.flush(&mut count_sent);
             pacer.sent(n, sent);
         }
     }

@@ -59,6 +59,23 @@ fn turnperf(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Checks a paced run's `dir` report in `doc`: about the offered count sent (`sent` within
+/// `offered`) and at least 99 % of it delivered; gives the report back.
+fn assert_delivered<'a>(
+    doc: &'a serde_json::Value,
+    dir: &str,
+    offered: std::ops::RangeInclusive<u64>,
+) -> &'a serde_json::Value {
+    let d = &doc["report"][dir];
+    let (sent, delivered) = (
+        d["sent"].as_u64().unwrap(),
+        d["delivered"].as_u64().unwrap(),
+    );
+    assert!(offered.contains(&sent), "{dir}: {d}");
+    assert!(delivered * 100 >= sent * 99, "{dir}: {d}");
+    d
+}
+
 #[test]
 fn turnperf_relays_through_coturn_both_ways_and_reports() {
     let (server, port) = coturn();
@@ -82,14 +99,8 @@ fn turnperf_relays_through_coturn_both_ways_and_reports() {
     assert_eq!(doc["allocations"], 16);
     assert!(doc["setup_rate"].as_f64().unwrap() > 0.0);
     for dir in ["up", "down"] {
-        let d = &doc["report"][dir];
-        let (sent, delivered) = (
-            d["sent"].as_u64().unwrap(),
-            d["delivered"].as_u64().unwrap(),
-        );
         // 16 allocations × 200/s × 1.5 s, paced.
-        assert!((4000..=5200).contains(&sent), "{dir}: {d}");
-        assert!(delivered * 100 >= sent * 99, "{dir}: {d}");
+        let d = assert_delivered(&doc, dir, 4000..=5200);
         assert!(d["p50_us"].as_f64().unwrap() > 0.0, "{dir}: {d}");
         assert!(d["p999_us"].as_f64().unwrap() >= d["p50_us"].as_f64().unwrap());
     }
@@ -172,14 +183,8 @@ fn turnperf_relays_over_tcp_both_ways() {
     assert_eq!(code, 0, "{err}");
     let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
     for dir in ["up", "down"] {
-        let d = &doc["report"][dir];
-        let (sent, delivered) = (
-            d["sent"].as_u64().unwrap(),
-            d["delivered"].as_u64().unwrap(),
-        );
         // 8 allocations × 200/s × 1.5 s.
-        assert!((2000..=2600).contains(&sent), "{dir}: {d}");
-        assert!(delivered * 100 >= sent * 99, "{dir}: {d}");
+        assert_delivered(&doc, dir, 2000..=2600);
     }
     drop(server);
 }
@@ -195,13 +200,51 @@ fn paced_bursts_keep_the_rate() {
     ]);
     assert_eq!(code, 0, "{err}");
     let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let up = &doc["report"]["up"];
-    let (sent, delivered) = (
-        up["sent"].as_u64().unwrap(),
-        up["delivered"].as_u64().unwrap(),
-    );
     // 8 allocations × 400/s × 1.5 s.
-    assert!((4200..=5200).contains(&sent), "{up}");
-    assert!(delivered * 100 >= sent * 99, "{up}");
+    assert_delivered(&doc, "up", 4200..=5200);
     drop(server);
+}
+
+/// `--mode plain` through udprelay, the "no TURN" ceiling: both directions relayed whole, and
+/// each datagram back to the client whose index it carries.
+#[test]
+fn plain_mode_relays_through_udprelay_both_ways() {
+    let mut relay = Command::new(env!("CARGO_BIN_EXE_udprelay"))
+        .arg("127.0.0.1:0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(relay.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let mut words = line.split_whitespace();
+    let (listen, relay_addr) = (words.nth(2).expect(&line), words.nth(1).expect(&line));
+    let (code, out, err) = turnperf(&[
+        listen,
+        "--mode",
+        "plain",
+        "--plain-relay",
+        relay_addr,
+        "-n",
+        "8",
+        "-r",
+        "200",
+        "-d",
+        "1.5",
+        "--direction",
+        "both",
+        "--json",
+    ]);
+    let _ = relay.kill();
+    let _ = relay.wait();
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for dir in ["up", "down"] {
+        // 8 allocations × 200/s × 1.5 s.
+        assert_delivered(&doc, dir, 2000..=2600);
+    }
 }

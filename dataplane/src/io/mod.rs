@@ -6,7 +6,6 @@
 //! `arc_swap::Cache`; nothing is locked or shared per packet.
 
 pub mod admission;
-pub mod batch;
 pub mod check;
 mod driver;
 mod dtls;

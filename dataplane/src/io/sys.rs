@@ -1,12 +1,11 @@
 //! The raw system calls of the IO shell, each behind a safe function with its SAFETY argument,
-//! so that the shard, its drivers, the launcher and the probe hold no `unsafe`. Only the
-//! datagram batching layer ([`super::batch`]) keeps its own (`recvmmsg`, `sendmmsg` and the
-//! `msghdr`s they need). Errors come back as `io::Error`s; what `EAGAIN` means is the caller's
-//! business.
+//! so that the shard, its drivers, the launcher and the probe hold no `unsafe`. Datagram sends
+//! and receives are not here: they are the batching crate's (`uturn_udp`: `recvmmsg`,
+//! `sendmmsg`, `sendto` and the `msghdr`s they need). Errors come back as `io::Error`s; what
+//! `EAGAIN` means is the caller's business.
 
 use socket2::Socket;
 use std::io;
-use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// The result of a call that returns `-1` and sets `errno` on failure.
@@ -76,29 +75,6 @@ pub(super) fn duplicate(fd: RawFd) -> io::Result<Socket> {
     let copy = check(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })?;
     // SAFETY: a new fd that nothing else owns.
     Ok(unsafe { Socket::from_raw_fd(copy) })
-}
-
-/// One non-blocking `sendto` straight on the socket, bypassing the io_uring submission and
-/// completion round trip: the datagram is copied into the kernel at once, so there is nothing
-/// to wait for. `Ok(None)` when the socket buffer is full.
-pub(super) fn try_send_to(fd: RawFd, data: &[u8], to: SocketAddr) -> io::Result<Option<usize>> {
-    let addr = socket2::SockAddr::from(to);
-    // SAFETY: `data` and `addr` are valid for the call; MSG_DONTWAIT never blocks the shard.
-    let sent = check_len(unsafe {
-        libc::sendto(
-            fd,
-            data.as_ptr().cast(),
-            data.len(),
-            libc::MSG_DONTWAIT,
-            addr.as_ptr().cast(),
-            addr.len(),
-        )
-    });
-    match sent {
-        Ok(n) => Ok(Some(n)),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-        Err(e) => Err(e),
-    }
 }
 
 /// One non-blocking `recv` on stream `fd`.

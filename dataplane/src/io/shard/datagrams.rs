@@ -4,16 +4,15 @@
 //! ([`crate::io::dtls`] does the DTLS itself).
 
 use super::counters::Counters;
-use crate::io::batch::{RecvBatch, SendQueue, MAX_UDP_PAYLOAD};
 use crate::io::dtls::{Admission, Gate, Session};
 use crate::io::socket::for_socket;
-use crate::io::sys::try_send_to;
 use crate::proto::{Engine, ListenerId, PEER_HEADROOM};
 use foldhash::fast::RandomState;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::time::Instant;
+use uturn_udp::{try_send_to, RecvBatch, SendQueue, MAX_UDP_PAYLOAD};
 
 /// DTLS sessions one listener holds at most on a shard (a new client beyond it is ignored
 /// until some end).

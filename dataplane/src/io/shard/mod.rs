@@ -26,7 +26,6 @@ mod relays;
 mod snapshots;
 
 use super::admission::StreamAdmission;
-use super::batch::{Datagram, RecvBatch, BATCH, MAX_UDP_PAYLOAD};
 use super::driver::{Driver, Readiness, Token};
 use super::groups::ListenerGroups;
 use super::metrics::ShardStats;
@@ -52,6 +51,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uturn_shared::snapshot::Snapshot;
+use uturn_udp::{Datagram, RecvBatch, BATCH, MAX_UDP_PAYLOAD};
 
 /// Client datagrams of this size or more are dropped as possibly truncated (as stunnerd).
 /// Peer datagrams and stream frames are relayed whole up to the UDP maximum.

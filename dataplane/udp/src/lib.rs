@@ -1,6 +1,15 @@
-//! Batched datagram syscalls for the shards: `recvmmsg` into preallocated buffers and a send
-//! queue flushed with `sendmmsg`, grouped by socket. Everything is allocated once per shard;
-//! receiving and sending allocate nothing.
+//! Batched UDP syscalls: the one place uturn calls `recvmmsg`, `sendmmsg` and UDP GSO. The
+//! dataplane's shards and the `perf/` tools (turnperf, udprelay) move their datagrams through
+//! it. [`RecvBatch`] receives with `recvmmsg` into preallocated buffers; [`SendQueue`] is
+//! flushed with one `sendmmsg` per run of datagrams on the same socket, consecutive datagrams
+//! to one destination going as one UDP GSO message until the kernel refuses GSO, and one by
+//! one for good after that. Everything is allocated once; receiving and sending allocate
+//! nothing.
+//!
+//! A crate of its own beside the dataplane, as quinn-udp is beside quinn: the load generator
+//! that measures a TURN server (coturn and pion as well as ours) gets the same batching
+//! without building the server, and the `unsafe` of batched IO sits in this one module, each
+//! block with its SAFETY argument.
 
 use std::io;
 use std::net::SocketAddr;
@@ -8,7 +17,7 @@ use std::os::fd::RawFd;
 
 /// Datagrams per `recvmmsg`/`sendmmsg` call.
 pub const BATCH: usize = 32;
-/// Room per datagram buffer by default: more than [`super::shard`]'s oversize limit for client
+/// Room per datagram buffer by default: more than the dataplane's oversize limit for client
 /// datagrams, so a datagram too big is seen as such rather than truncated silently. A queued
 /// datagram larger than this is sent on its own ([`SendQueue::push`]).
 const SLOT: usize = 2048;
@@ -28,6 +37,15 @@ impl RawName {
             // SAFETY: all-zero is a valid sockaddr_storage.
             storage: unsafe { std::mem::zeroed() },
             len: std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
+        }
+    }
+
+    /// No address: a send on a connected socket goes to the address it is connected to (the
+    /// kernel reads a zero-length name as none).
+    fn connected() -> RawName {
+        RawName {
+            len: 0,
+            ..RawName::empty()
         }
     }
 
@@ -175,6 +193,16 @@ impl RecvBatch {
     /// One non-blocking `recvmmsg` on `fd`: how many datagrams arrived (0 when none were
     /// waiting).
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        self.receive(fd, libc::MSG_DONTWAIT)
+    }
+
+    /// One `recvmmsg` on blocking socket `fd` that waits for the first datagram (or the
+    /// socket's receive timeout) and then takes what else is waiting: how many arrived.
+    pub fn recv_waiting(&mut self, fd: RawFd) -> io::Result<usize> {
+        self.receive(fd, libc::MSG_WAITFORONE)
+    }
+
+    fn receive(&mut self, fd: RawFd, flags: libc::c_int) -> io::Result<usize> {
         self.count = 0;
         for header in self.headers.iter_mut() {
             header.msg_hdr.msg_namelen =
@@ -188,7 +216,7 @@ impl RecvBatch {
                 fd,
                 self.headers.as_mut_ptr(),
                 BATCH as libc::c_uint,
-                libc::MSG_DONTWAIT,
+                flags,
                 std::ptr::null_mut(),
             )
         };
@@ -238,6 +266,8 @@ pub struct SendQueue {
     groups: Vec<(usize, usize)>,
     /// Whether GSO is used (until the kernel refuses it once).
     gso: bool,
+    /// `sendmmsg`'s flags: `MSG_DONTWAIT` unless the queue [waits](SendQueue::waiting).
+    flags: libc::c_int,
 }
 
 impl Default for SendQueue {
@@ -265,7 +295,21 @@ impl SendQueue {
             controls: vec![[0u64; 4]; BATCH].into_boxed_slice(),
             groups: Vec::with_capacity(BATCH),
             gso: true,
+            flags: libc::MSG_DONTWAIT,
         }
+    }
+
+    /// This queue, sending one datagram per message: never as UDP GSO.
+    pub fn without_gso(mut self) -> SendQueue {
+        self.gso = false;
+        self
+    }
+
+    /// This queue, with sends that wait for room in a blocking socket's buffer (a load
+    /// generator's backpressure) rather than fail with `WouldBlock`.
+    pub fn waiting(mut self) -> SendQueue {
+        self.flags = 0;
+        self
     }
 
     /// Whether nothing is queued.
@@ -285,11 +329,34 @@ impl SendQueue {
         tag: usize,
         done: &mut impl FnMut(usize, io::Result<usize>),
     ) {
+        self.push_to(fd, data, RawName::from_addr(to), tag, done);
+    }
+
+    /// As [`SendQueue::push`], for connected socket `fd`: the datagram goes to the address the
+    /// socket is connected to.
+    pub fn push_connected(
+        &mut self,
+        fd: RawFd,
+        data: &[u8],
+        tag: usize,
+        done: &mut impl FnMut(usize, io::Result<usize>),
+    ) {
+        self.push_to(fd, data, RawName::connected(), tag, done);
+    }
+
+    fn push_to(
+        &mut self,
+        fd: RawFd,
+        data: &[u8],
+        to: RawName,
+        tag: usize,
+        done: &mut impl FnMut(usize, io::Result<usize>),
+    ) {
         if self.queued.len() == BATCH || data.len() > SLOT {
             self.flush(done);
         }
         if data.len() > SLOT {
-            let outcome = super::sys::try_send_to(fd, data, to)
+            let outcome = send_one(fd, data, &to, self.flags)
                 .and_then(|sent| sent.ok_or_else(|| io::ErrorKind::WouldBlock.into()));
             done(tag, outcome);
             return;
@@ -297,7 +364,7 @@ impl SendQueue {
         let i = self.queued.len();
         let len = data.len();
         self.bufs[i * SLOT..i * SLOT + len].copy_from_slice(data);
-        self.names[i] = RawName::from_addr(to);
+        self.names[i] = to;
         self.iovecs[i].iov_len = len;
         self.queued.push(Queued { fd, len, tag });
     }
@@ -327,7 +394,7 @@ impl SendQueue {
                     fd,
                     self.headers.as_mut_ptr(),
                     groups as libc::c_uint,
-                    libc::MSG_DONTWAIT,
+                    self.flags,
                 )
             };
             let first = self.groups[0];
@@ -418,6 +485,36 @@ impl SendQueue {
         }
         self.groups.len()
     }
+}
+
+/// One non-blocking `sendto` straight on the socket, outside any queue (in the dataplane, this
+/// also skips the io_uring submission and completion round trip): the datagram is copied into
+/// the kernel at once, so there is nothing to wait for. `Ok(None)` when the socket buffer is
+/// full.
+pub fn try_send_to(fd: RawFd, data: &[u8], to: SocketAddr) -> io::Result<Option<usize>> {
+    send_one(fd, data, &RawName::from_addr(to), libc::MSG_DONTWAIT)
+}
+
+/// One `sendto` of `data` to `to` (none: the connected address) with `flags`; `Ok(None)` when
+/// the socket buffer is full.
+fn send_one(fd: RawFd, data: &[u8], to: &RawName, flags: libc::c_int) -> io::Result<Option<usize>> {
+    // sendto(2) reads a name of length 0 as a bad address unless the pointer is null.
+    let name = if to.len == 0 {
+        std::ptr::null()
+    } else {
+        (&to.storage as *const libc::sockaddr_storage).cast()
+    };
+    // SAFETY: `data` is valid for reads of its length, and `name` is null or holds `to.len`
+    // bytes of address.
+    let sent = unsafe { libc::sendto(fd, data.as_ptr().cast(), data.len(), flags, name, to.len) };
+    if sent < 0 {
+        let error = io::Error::last_os_error();
+        return match error.kind() {
+            io::ErrorKind::WouldBlock => Ok(None),
+            _ => Err(error),
+        };
+    }
+    Ok(Some(sent as usize))
 }
 
 /// `SOL_UDP` and its `UDP_SEGMENT` option (linux/udp.h), for UDP GSO.
@@ -568,5 +665,97 @@ mod tests {
             }
         }
         assert_eq!(got, plan, "every datagram whole, in the order queued");
+    }
+
+    #[test]
+    fn a_connected_socket_sends_runs_and_jumbos_to_its_peer() {
+        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+        receiver
+            .set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        sender.connect(receiver.local_addr().unwrap()).unwrap();
+        // A GSO run of 4 × 500 B, a datagram larger than a slot, then one alone.
+        let mut plan: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i; 500]).collect();
+        plan.push(vec![4; 5000]);
+        plan.push(vec![5; 80]);
+        let mut queue = SendQueue::new();
+        let mut outcomes = Vec::new();
+        for (i, data) in plan.iter().enumerate() {
+            queue.push_connected(sender.as_raw_fd(), data, i, &mut |tag, r| {
+                outcomes.push((tag, r.unwrap()))
+            });
+        }
+        queue.flush(&mut |tag, r| outcomes.push((tag, r.unwrap())));
+        assert!(queue.gso, "the kernel refused UDP GSO on loopback");
+        let want: Vec<(usize, usize)> = plan.iter().map(Vec::len).enumerate().collect();
+        assert_eq!(outcomes, want);
+        let mut buf = [0u8; 8192];
+        for data in &plan {
+            let (n, from) = receiver.recv_from(&mut buf).unwrap();
+            assert_eq!(from, sender.local_addr().unwrap());
+            assert_eq!(&buf[..n], &data[..], "datagrams arrive whole, in order");
+        }
+    }
+
+    #[test]
+    fn a_waiting_queue_without_gso_delivers_to_each_destination() {
+        // turnperf's peer: a blocking socket, datagrams for destinations in turn.
+        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let receivers: Vec<UdpSocket> = (0..3)
+            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let mut queue = SendQueue::new().without_gso().waiting();
+        let mut sent = 0;
+        for i in 0..BATCH + 4 {
+            let to = receivers[i % 3].local_addr().unwrap();
+            queue.push(sender.as_raw_fd(), &[i as u8; 64], to, i, &mut |_, r| {
+                sent += r.unwrap() / 64
+            });
+        }
+        queue.flush(&mut |_, r| sent += r.unwrap() / 64);
+        assert_eq!(sent, BATCH + 4);
+        assert!(!queue.gso);
+        let mut buf = [0u8; 128];
+        for (k, receiver) in receivers.iter().enumerate() {
+            receiver
+                .set_read_timeout(Some(std::time::Duration::from_secs(2)))
+                .unwrap();
+            for i in (k..BATCH + 4).step_by(3) {
+                let n = receiver.recv(&mut buf).unwrap();
+                assert_eq!(&buf[..n], &[i as u8; 64]);
+            }
+        }
+    }
+
+    #[test]
+    fn a_waiting_receive_blocks_for_the_first_datagram_only() {
+        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+        server
+            .set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let to = server.local_addr().unwrap();
+        let client = std::thread::spawn(move || {
+            let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            for i in 0..3u8 {
+                client.send_to(&[i; 20], to).unwrap();
+            }
+            client.local_addr().unwrap()
+        });
+        let mut batch = RecvBatch::with_room(0, 2047);
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            let n = batch.recv_waiting(server.as_raw_fd()).unwrap();
+            assert!(n > 0, "timed out after {} datagrams", got.len());
+            for i in 0..n {
+                let d = batch.get(i);
+                got.push((d.buf[..d.len].to_vec(), d.from));
+            }
+        }
+        let from = Some(client.join().unwrap());
+        let want: Vec<(Vec<u8>, Option<SocketAddr>)> =
+            (0..3u8).map(|i| (vec![i; 20], from)).collect();
+        assert_eq!(got, want);
     }
 }
