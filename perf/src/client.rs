@@ -116,8 +116,27 @@ impl BenchClient {
         BenchClient::allocate_over(server, user, pass, false)
     }
 
-    /// Allocates on `server` over UDP, or over a TCP connection of its own if `tcp`.
+    /// Allocates on `server` over UDP, or over a TCP connection of its own if `tcp`. A 437
+    /// (Allocation Mismatch: the kernel gave this socket the 5-tuple of an allocation a client
+    /// that went away still holds) is retried from a fresh socket, as RFC 8656 advises
+    /// (a new client transport address), up to 3 times.
     pub fn allocate_over(
+        server: SocketAddr,
+        user: &str,
+        pass: &str,
+        tcp: bool,
+    ) -> io::Result<BenchClient> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match BenchClient::allocate_once(server, user, pass, tcp) {
+                Err(e) if tries < 3 && e.to_string().contains("code: 437") => continue,
+                result => return result,
+            }
+        }
+    }
+
+    fn allocate_once(
         server: SocketAddr,
         user: &str,
         pass: &str,

@@ -247,8 +247,16 @@ fn run(cli: &Cli) -> Result<bool, String> {
             "turnperf, 16 allocations",
             tcp.join().unwrap_or((0, 0, Some("panicked".into()))),
         ),
-        ("TLS", "turnutils_uclient, 4 clients", finish_uclient(tls)),
-        ("DTLS", "turnutils_uclient, 4 clients", finish_uclient(dtls)),
+        (
+            "TLS",
+            "turnutils_uclient, 4 clients",
+            finish_uclient(tls, &cli.out.join("uclient-tls.txt")),
+        ),
+        (
+            "DTLS",
+            "turnutils_uclient, 4 clients",
+            finish_uclient(dtls, &cli.out.join("uclient-dtls.txt")),
+        ),
     ];
     let metrics = http_get(ports.metrics, "/metrics").unwrap_or_default();
     // A clean stop: SIGTERM, and stunnerd must exit 0 (no allocations are left by then).
@@ -522,8 +530,10 @@ fn uclient_count(text: &str, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn finish_uclient(p: Proc) -> Relay {
+/// uclient's counts; its whole output is kept in `keep` (a loss can then be placed in time).
+fn finish_uclient(p: Proc, keep: &std::path::Path) -> Relay {
     let text = output(p);
+    let _ = std::fs::write(keep, &text);
     let (sent, received) = (
         uclient_count(&text, "tot_send_msgs="),
         uclient_count(&text, "tot_recv_msgs="),
@@ -837,7 +847,8 @@ impl Report<'_> {
             );
         }
         s += "\nturnperf's own report of each segment (per direction, with the allocations that \
-              delivered nothing) is in `turnperf-<transport>-<segment>.json` beside this file.\n";
+              delivered nothing) is in `turnperf-<transport>-<segment>.json` beside this file, \
+              uclient's output in `uclient-tls.txt` and `uclient-dtls.txt`.\n";
         s += &format!(
             "\n- churn, own clients (allocate, permit, relay, delete or close; UDP and TCP): {} cycles, {} failed {:?}\n\
              - churn, turnutils_uclient runs of 8 clients x 20 messages over UDP, TCP, TLS, DTLS in turn: {} runs, {} of {} messages echoed\n\
