@@ -63,7 +63,7 @@ pub(super) struct StreamAdmission {
 }
 
 impl StreamAdmission {
-    pub fn new(limits: StreamLimits) -> StreamAdmission {
+    pub(super) fn new(limits: StreamLimits) -> StreamAdmission {
         StreamAdmission {
             limits,
             total: AtomicUsize::new(0),
@@ -73,7 +73,7 @@ impl StreamAdmission {
     }
 
     /// Takes a place for a new connection from `ip`, if the caps allow.
-    pub fn enter(&self, ip: IpAddr) -> Result<Place, Refused> {
+    pub(super) fn enter(&self, ip: IpAddr) -> Result<Place, Refused> {
         let bucket = (self.hasher.hash_one(ip) as usize % BUCKETS) as u16;
         let per_ip = &self.per_ip[usize::from(bucket)];
         let cap = self.limits.max_unauthenticated_per_ip;
@@ -100,14 +100,14 @@ impl StreamAdmission {
     }
 
     /// Gives back a place (the connection authenticated or closed).
-    pub fn leave(&self, place: Place) {
+    pub(super) fn leave(&self, place: Place) {
         self.per_ip[usize::from(place.bucket)].fetch_sub(1, Ordering::AcqRel);
         self.total.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Places held now, over the process.
     #[cfg(test)]
-    pub fn held(&self) -> usize {
+    pub(super) fn held(&self) -> usize {
         self.total.load(Ordering::Acquire)
     }
 }

@@ -30,7 +30,7 @@ impl Token {
     const CONN: u64 = 1 << 62;
 
     /// A number to register with a poller.
-    pub fn to_u64(self) -> u64 {
+    pub(super) fn to_u64(self) -> u64 {
         match self {
             Token::Listener { id, socket } => {
                 Token::LISTENER | (u64::from(id.0) << 16) | u64::from(socket)
@@ -43,7 +43,7 @@ impl Token {
     }
 
     /// The token [`Token::to_u64`] made `raw` from.
-    pub fn from_u64(raw: u64) -> Token {
+    pub(super) fn from_u64(raw: u64) -> Token {
         if raw & Token::LISTENER != 0 {
             Token::Listener {
                 id: ListenerId((raw >> 16) as u32),

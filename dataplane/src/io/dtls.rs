@@ -196,7 +196,7 @@ pub(super) struct Gate {
 }
 
 impl Gate {
-    pub fn new(context: SslContext) -> Result<Gate, ErrorStack> {
+    pub(super) fn new(context: SslContext) -> Result<Gate, ErrorStack> {
         let stream = listening_stream(&context)?;
         // SAFETY: BIO_ADDR_new has no preconditions; null means out of memory.
         let scratch_addr = unsafe { BIO_ADDR_new() };
@@ -212,7 +212,7 @@ impl Gate {
 
     /// Takes a datagram from `client`, which has no session. What the gate writes (a
     /// HelloVerifyRequest) is handed to `send`.
-    pub fn admit(
+    pub(super) fn admit(
         &mut self,
         now: Instant,
         client: SocketAddr,
@@ -327,7 +327,7 @@ pub(super) struct Session {
 impl Session {
     /// Takes one datagram from the client (empty: go on with what OpenSSL holds, as after
     /// [`Gate::admit`]); each TURN message it carried is passed to `message`, decrypted.
-    pub fn receive(
+    pub(super) fn receive(
         &mut self,
         now: Instant,
         datagram: &[u8],
@@ -370,7 +370,7 @@ impl Session {
     }
 
     /// Encrypts one TURN message for the client (after the handshake). `false` if it cannot.
-    pub fn send(&mut self, plaintext: &[u8]) -> bool {
+    pub(super) fn send(&mut self, plaintext: &[u8]) -> bool {
         self.established
             && self
                 .stream
@@ -379,7 +379,7 @@ impl Session {
     }
 
     /// Hands every datagram the session wrote to `send`, oldest first.
-    pub fn drain(&mut self, send: impl FnMut(&[u8])) {
+    pub(super) fn drain(&mut self, send: impl FnMut(&[u8])) {
         drain(self.stream.get_mut(), send);
     }
 }

@@ -67,7 +67,7 @@ struct Inner {
 
 impl ListenerGroups {
     /// Groups for `shards` shards, with `udp_thread_num` sockets per listener.
-    pub fn new(shards: usize, udp_thread_num: usize) -> ListenerGroups {
+    pub(super) fn new(shards: usize, udp_thread_num: usize) -> ListenerGroups {
         ListenerGroups {
             shards,
             udp_thread_num,
@@ -81,7 +81,7 @@ impl ListenerGroups {
     /// How many of a listener's sockets shard `index` holds: the `--udp-thread-num` sockets
     /// are dealt round-robin, so the shards' shares differ by one at most (and a shard beyond
     /// the socket count holds none).
-    pub fn share(&self, index: usize) -> usize {
+    pub(super) fn share(&self, index: usize) -> usize {
         let sockets = self.udp_thread_num.max(1);
         (0..sockets)
             .filter(|j| j % self.shards.max(1) == index)
@@ -91,7 +91,7 @@ impl ListenerGroups {
     /// Shard `index`'s sockets for the datagram listener `spec`. The first shard to ask for a
     /// run opens the sockets of every shard, [`ListenerGroups::share`] of them each, with
     /// `open`.
-    pub fn take(
+    pub(super) fn take(
         &self,
         index: usize,
         spec: &ListenerSpec,
@@ -137,7 +137,7 @@ impl ListenerGroups {
     }
 
     /// Shard `index` closed its sockets of the datagram listener `spec`.
-    pub fn released(&self, index: usize, spec: &ListenerSpec) {
+    pub(super) fn released(&self, index: usize, spec: &ListenerSpec) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(held) = inner
             .groups
@@ -150,7 +150,7 @@ impl ListenerGroups {
 
     /// Shard `index` is reconciling `snap`: runs absent from it are retired (their sockets
     /// not yet taken are closed), and retired runs every shard has moved past are forgotten.
-    pub fn reconciling(&self, index: usize, snap: &Snapshot) {
+    pub(super) fn reconciling(&self, index: usize, snap: &Snapshot) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(seen) = inner.reconciled.get_mut(index) {
             *seen = (*seen).max(snap.generation);

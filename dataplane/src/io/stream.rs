@@ -92,7 +92,7 @@ pub(super) struct Conn<W> {
 }
 
 impl<W> Conn<W> {
-    pub fn new(
+    pub(super) fn new(
         watched: Watched<W>,
         generation: u16,
         listener: ListenerId,
@@ -126,7 +126,7 @@ impl<W> Conn<W> {
     /// frame's worth of unhandled plaintext), decrypting TLS. `Ok(n)`: bytes read from the
     /// socket; call [`Rx::next_frame`] until it gives `None`, then read again if `n` was
     /// large.
-    pub fn read(&mut self, scratch: &mut [u8]) -> Result<usize, Closed> {
+    pub(super) fn read(&mut self, scratch: &mut [u8]) -> Result<usize, Closed> {
         let mut total = 0;
         for _ in 0..READ_ROUNDS {
             if self.rx.pending() >= MAX_FRAME {
@@ -174,14 +174,14 @@ impl<W> Conn<W> {
 
     /// The receive buffer, to take the frames out of while the shard handles them (give it
     /// back with [`Conn::restore_rx`]).
-    pub fn take_rx(&mut self) -> Rx {
+    pub(super) fn take_rx(&mut self) -> Rx {
         std::mem::take(&mut self.rx)
     }
 
     /// Puts back the buffer [`Conn::take_rx`] lent. An unauthenticated client's buffer is
     /// given back to the allocator once it is empty: thousands of such connections then hold
     /// nothing but their place in the table.
-    pub fn restore_rx(&mut self, mut rx: Rx) {
+    pub(super) fn restore_rx(&mut self, mut rx: Rx) {
         if rx.pending() == 0 && !self.is_authenticated() {
             rx = Rx::default();
         }
@@ -190,7 +190,7 @@ impl<W> Conn<W> {
 
     /// Queues one frame for the client, `bytes` followed by zeros up to `padded_len`. `false`
     /// (nothing queued) when the client is too far behind.
-    pub fn queue(&mut self, bytes: &[u8], padded_len: usize) -> bool {
+    pub(super) fn queue(&mut self, bytes: &[u8], padded_len: usize) -> bool {
         if self.pending() + padded_len > self.send_limit {
             return false;
         }
@@ -215,7 +215,7 @@ impl<W> Conn<W> {
     }
 
     /// Writes what is queued. `Ok(true)` when nothing is left.
-    pub fn flush(&mut self) -> Result<bool, Closed> {
+    pub(super) fn flush(&mut self) -> Result<bool, Closed> {
         while self.tx_start < self.tx.len() {
             match send(self.fd, &self.tx[self.tx_start..])? {
                 Some(n) => self.tx_start += n,
@@ -234,7 +234,7 @@ impl<W> Conn<W> {
 
     /// The client holds an allocation: from now on it may have up to [`SEND_LIMIT`] queued,
     /// and the kernel's send queue is no longer held short. Gives back its admission place.
-    pub fn authenticated(&mut self) -> Option<super::admission::Place> {
+    pub(super) fn authenticated(&mut self) -> Option<super::admission::Place> {
         self.send_limit = SEND_LIMIT;
         self.auth_deadline = None;
         set_notsent_lowat(self.fd, 0);
@@ -242,17 +242,17 @@ impl<W> Conn<W> {
     }
 
     /// Whether the client has held an allocation on this connection.
-    pub fn is_authenticated(&self) -> bool {
+    pub(super) fn is_authenticated(&self) -> bool {
         self.auth_deadline.is_none()
     }
 
     /// Bytes of memory the connection's buffers hold (their capacity).
-    pub fn buffered(&self) -> usize {
+    pub(super) fn buffered(&self) -> usize {
         self.tx.capacity() + self.rx.buf.capacity()
     }
 
     /// Bytes waiting for the socket.
-    pub fn pending(&self) -> usize {
+    pub(super) fn pending(&self) -> usize {
         self.tx.len() - self.tx_start
     }
 }
@@ -270,7 +270,7 @@ impl Rx {
     }
 
     /// The next complete frame, as a range of [`Rx::bytes`].
-    pub fn next_frame(&mut self) -> Result<Option<Range<usize>>, Closed> {
+    pub(super) fn next_frame(&mut self) -> Result<Option<Range<usize>>, Closed> {
         let pending = &self.buf[self.start..];
         match frame_len(pending) {
             Err(e) => Err(Closed::Framing(e)),
@@ -292,7 +292,7 @@ impl Rx {
     }
 
     /// What the ranges [`Rx::next_frame`] gives index.
-    pub fn bytes(&self) -> &[u8] {
+    pub(super) fn bytes(&self) -> &[u8] {
         &self.buf
     }
 }

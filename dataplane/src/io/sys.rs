@@ -147,7 +147,7 @@ pub(super) struct EpollFd(OwnedFd);
 
 impl EpollFd {
     /// A new, close-on-exec epoll instance.
-    pub fn new() -> io::Result<EpollFd> {
+    pub(super) fn new() -> io::Result<EpollFd> {
         // SAFETY: plain syscall; the result is checked.
         let fd = check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
         // SAFETY: a new fd that nothing else owns.
@@ -155,14 +155,24 @@ impl EpollFd {
     }
 
     /// `epoll_ctl(op)` for `fd`, reporting `events` with `data`.
-    pub fn control(&self, op: libc::c_int, fd: RawFd, events: u32, data: u64) -> io::Result<()> {
+    pub(super) fn control(
+        &self,
+        op: libc::c_int,
+        fd: RawFd,
+        events: u32,
+        data: u64,
+    ) -> io::Result<()> {
         let mut event = libc::epoll_event { events, u64: data };
         // SAFETY: both fds are open; `event` is valid for the call.
         check(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut event) }).map(drop)
     }
 
     /// Waits up to `timeout_ms` for events, filling the start of `events`; returns how many.
-    pub fn wait(&self, events: &mut [libc::epoll_event], timeout_ms: i32) -> io::Result<usize> {
+    pub(super) fn wait(
+        &self,
+        events: &mut [libc::epoll_event],
+        timeout_ms: i32,
+    ) -> io::Result<usize> {
         let room = events.len().min(i32::MAX as usize) as i32;
         // SAFETY: `events` has room for `room` entries.
         let n = check(unsafe {

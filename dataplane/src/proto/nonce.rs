@@ -21,7 +21,7 @@ const MAC_LEN: usize = 8;
 /// Issued-at and MAC, before encoding.
 const RAW_LEN: usize = 4 + MAC_LEN;
 /// Length of a nonce string: base64 of [`RAW_LEN`] bytes (a multiple of 3: no padding).
-pub const NONCE_LEN: usize = RAW_LEN / 3 * 4;
+pub(super) const NONCE_LEN: usize = RAW_LEN / 3 * 4;
 
 /// Issues and checks nonces under one secret key.
 #[derive(Clone)]

@@ -19,7 +19,7 @@ use turn_types::message::{ALLOCATE, DATA};
 
 /// A response under construction in a caller buffer. Write failures (a too-small buffer) are
 /// remembered and reported by [`ResponseWriter::finish`].
-pub struct ResponseWriter<'a> {
+pub(super) struct ResponseWriter<'a> {
     writer: MessageWriteMutSlice<'a>,
     failed: bool,
 }
@@ -40,7 +40,7 @@ impl<'a> ResponseWriter<'a> {
     }
 
     /// A success response to `request`.
-    pub fn success(request: &Message<'_>, out: &'a mut [u8]) -> Self {
+    pub(super) fn success(request: &Message<'_>, out: &'a mut [u8]) -> Self {
         Self::new(
             MessageClass::Success,
             request.method(),
@@ -50,14 +50,14 @@ impl<'a> ResponseWriter<'a> {
     }
 
     /// Appends an attribute.
-    pub fn add(&mut self, attr: &dyn AttributeWrite) {
+    pub(super) fn add(&mut self, attr: &dyn AttributeWrite) {
         if !self.failed && self.writer.add_attribute(attr).is_err() {
             self.failed = true;
         }
     }
 
     /// Adds MESSAGE-INTEGRITY when a key is given, and returns the message length.
-    pub fn finish(mut self, integrity: Option<&IntegrityKey>) -> Option<usize> {
+    pub(super) fn finish(mut self, integrity: Option<&IntegrityKey>) -> Option<usize> {
         if let Some(key) = integrity {
             if !self.failed
                 && self
@@ -80,7 +80,11 @@ impl<'a> ResponseWriter<'a> {
 }
 
 /// Binding success: XOR-MAPPED-ADDRESS and FINGERPRINT, nothing else.
-pub fn binding_success(request: &Message<'_>, from: SocketAddr, out: &mut [u8]) -> Option<usize> {
+pub(super) fn binding_success(
+    request: &Message<'_>,
+    from: SocketAddr,
+    out: &mut [u8],
+) -> Option<usize> {
     let mut w = ResponseWriter::success(request, out);
     w.add(&XorMappedAddress::new(from, request.transaction_id()));
     // FINGERPRINT only when the request has one (RFC 8489 §7.3.1 does not require more), so the
@@ -94,7 +98,7 @@ pub fn binding_success(request: &Message<'_>, from: SocketAddr, out: &mut [u8]) 
 
 /// An error response to `request` refusing it for `error`, with the reason phrase `reason`
 /// (`error.reason()`, or empty where the reply must stay small).
-pub fn error_response(
+pub(super) fn error_response(
     request: &Message<'_>,
     error: &RequestError,
     reason: &str,
@@ -112,7 +116,7 @@ pub fn error_response(
 }
 
 /// An error response for `method` and `txid`, as [`error_response`].
-pub fn error_response_raw(
+pub(super) fn error_response_raw(
     method: Method,
     txid: TransactionId,
     error: &RequestError,
@@ -138,7 +142,7 @@ pub fn error_response_raw(
 }
 
 /// Allocate success: XOR-RELAYED-ADDRESS, LIFETIME, XOR-MAPPED-ADDRESS, MESSAGE-INTEGRITY.
-pub fn allocate_success(
+pub(super) fn allocate_success(
     txid: TransactionId,
     relay_addr: SocketAddr,
     client: SocketAddr,
@@ -154,7 +158,7 @@ pub fn allocate_success(
 }
 
 /// Data indication carrying `payload` from `peer` (RFC 8656 §10.3).
-pub fn data_indication(
+pub(super) fn data_indication(
     txid: TransactionId,
     peer: SocketAddr,
     payload: &[u8],
@@ -197,7 +201,7 @@ const MAX_UNKNOWN_LISTED: usize = 32;
 
 /// The comprehension-required attributes of `msg` that we do not understand, each once, at
 /// most [`MAX_UNKNOWN_LISTED`].
-pub fn unknown_required_attributes(msg: &Message<'_>) -> Vec<AttributeType> {
+pub(super) fn unknown_required_attributes(msg: &Message<'_>) -> Vec<AttributeType> {
     let mut unknown: Vec<AttributeType> = Vec::new();
     for t in msg.iter_attributes().map(|(_, attr)| attr.get_type()) {
         if t.comprehension_required()

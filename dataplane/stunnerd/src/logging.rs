@@ -15,7 +15,7 @@ use uturn_shared::logspec::{Level, LogSpec};
 /// `--log-format`: how each log line is written.
 // No `///` on the variants: clap would print them as a second list in `--help`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     // stunnerd's `HH:MM:SS.micro file:line: scope LEVEL: msg`.
     Text,
     // One JSON object per line, with stunnerd's field names.
@@ -141,7 +141,7 @@ fn targets(spec: &str) -> Targets {
 }
 
 /// Installs the global logger for `spec`, writing lines in `format`.
-pub fn init(spec: &str, format: LogFormat) {
+pub(crate) fn init(spec: &str, format: LogFormat) {
     let (filter, handle) = tracing_subscriber::reload::Layer::new(targets(spec));
     let layer = tracing_subscriber::fmt::layer()
         .event_format(StunnerFormat {
@@ -159,7 +159,7 @@ pub fn init(spec: &str, format: LogFormat) {
 }
 
 /// Switches the running logger to `spec` (an `admin.loglevel` from a new config).
-pub fn set_spec(spec: &str) {
+pub(crate) fn set_spec(spec: &str) {
     if let Some(handle) = RELOAD.get() {
         if handle.reload(targets(spec)).is_ok() {
             tracing::info!(target: "stunnerd", "Setting loglevel to {spec:?}");

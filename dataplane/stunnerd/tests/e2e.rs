@@ -28,9 +28,9 @@ fn config_file(auth: &str, port: u16, cluster: &str) -> tempfile_path::Path {
 
 mod tempfile_path {
     /// A temporary file removed on drop.
-    pub struct Path(pub std::path::PathBuf);
+    pub(crate) struct Path(pub std::path::PathBuf);
     impl Path {
-        pub fn new(text: &str) -> Path {
+        pub(crate) fn new(text: &str) -> Path {
             static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
             let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let path =
@@ -38,7 +38,7 @@ mod tempfile_path {
             std::fs::write(&path, text).unwrap();
             Path(path)
         }
-        pub fn origin(&self) -> String {
+        pub(crate) fn origin(&self) -> String {
             format!("file://{}", self.0.display())
         }
     }

@@ -592,7 +592,7 @@ mod dtls_client {
     use std::io::{self, Read, Write};
 
     #[derive(Default)]
-    pub struct Wire {
+    pub(crate) struct Wire {
         pub inbox: VecDeque<Vec<u8>>,
         pub outbox: Vec<Vec<u8>>,
     }
@@ -616,7 +616,7 @@ mod dtls_client {
         }
     }
 
-    pub fn client() -> SslStream<Wire> {
+    pub(crate) fn client() -> SslStream<Wire> {
         let mut context = SslContext::builder(SslMethod::dtls()).unwrap();
         context.set_verify(SslVerifyMode::NONE);
         let mut ssl = Ssl::new(&context.build()).unwrap();
@@ -625,7 +625,7 @@ mod dtls_client {
     }
 
     /// Steps the handshake and returns what the client wrote.
-    pub fn step(stream: &mut SslStream<Wire>) -> Vec<Vec<u8>> {
+    pub(crate) fn step(stream: &mut SslStream<Wire>) -> Vec<Vec<u8>> {
         let _ = stream.do_handshake();
         std::mem::take(&mut stream.get_mut().outbox)
     }

@@ -54,7 +54,7 @@ pub(super) struct ConnRead {
 
 impl<W> ConnTable<W> {
     /// No connections.
-    pub fn new(admission: Arc<StreamAdmission>) -> ConnTable<W> {
+    pub(super) fn new(admission: Arc<StreamAdmission>) -> ConnTable<W> {
         ConnTable {
             slots: Vec::new(),
             generations: Vec::new(),
@@ -74,7 +74,7 @@ impl<W> ConnTable<W> {
     /// closed at once, which tells the client and keeps the listener's backlog moving). Returns
     /// the slot of an older connection from the same client on that listener, which the new
     /// one replaces and the shard must close.
-    pub fn admit<D: Driver<Watch = W>>(
+    pub(super) fn admit<D: Driver<Watch = W>>(
         &mut self,
         socket: Socket,
         listener: &RunningListener<W>,
@@ -164,7 +164,7 @@ impl<W> ConnTable<W> {
 
     /// An accept on `listener_fd` failed with `error`: logs it (rate-limited) and, out of
     /// descriptors, refuses one waiting connection. True if one was refused (accept again).
-    pub fn accept_failed(
+    pub(super) fn accept_failed(
         &mut self,
         listener_fd: RawFd,
         error: &io::Error,
@@ -193,7 +193,7 @@ impl<W> ConnTable<W> {
     }
 
     /// Whether `slot` holds the connection of `generation`.
-    pub fn is_current(&self, slot: u32, generation: u16) -> bool {
+    pub(super) fn is_current(&self, slot: u32, generation: u16) -> bool {
         self.slots
             .get(slot as usize)
             .and_then(Option::as_ref)
@@ -201,7 +201,7 @@ impl<W> ConnTable<W> {
     }
 
     /// Whether connection `slot` of `generation` still has bytes queued.
-    pub fn write_pending(&self, slot: u32, generation: u16) -> bool {
+    pub(super) fn write_pending(&self, slot: u32, generation: u16) -> bool {
         self.slots
             .get(slot as usize)
             .and_then(Option::as_ref)
@@ -209,7 +209,7 @@ impl<W> ConnTable<W> {
     }
 
     /// Bytes connection `slot` has queued.
-    pub fn pending(&self, slot: u32) -> usize {
+    pub(super) fn pending(&self, slot: u32) -> usize {
         self.slots
             .get(slot as usize)
             .and_then(Option::as_ref)
@@ -217,7 +217,7 @@ impl<W> ConnTable<W> {
     }
 
     /// Reads what connection `slot` has (see [`Conn::read`]); `None` if the slot is empty.
-    pub fn read(&mut self, slot: u32, scratch: &mut [u8], now: Instant) -> Option<ConnRead> {
+    pub(super) fn read(&mut self, slot: u32, scratch: &mut [u8], now: Instant) -> Option<ConnRead> {
         let conn = self.get_mut(slot)?;
         let read = conn.read(scratch);
         if read.as_ref().is_ok_and(|&n| n > 0) {
@@ -234,7 +234,7 @@ impl<W> ConnTable<W> {
 
     /// Gives connection `slot` back the buffer [`ConnTable::read`] lent; the client is
     /// authenticated once `engine` holds an allocation for it.
-    pub fn finish_read(&mut self, slot: u32, rx: Rx, engine: &Engine) {
+    pub(super) fn finish_read(&mut self, slot: u32, rx: Rx, engine: &Engine) {
         let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
             return;
         };
@@ -252,7 +252,7 @@ impl<W> ConnTable<W> {
     }
 
     /// Queues `bytes` (one frame) for connection `slot`. `false` if it is too far behind.
-    pub fn queue(&mut self, slot: u32, bytes: &[u8]) -> bool {
+    pub(super) fn queue(&mut self, slot: u32, bytes: &[u8]) -> bool {
         let Some(conn) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
             return false;
         };
@@ -268,7 +268,7 @@ impl<W> ConnTable<W> {
 
     /// Queues `bytes` (one frame) for the connection of `client` on `listener`. `false` if
     /// there is none, or it is too far behind.
-    pub fn queue_to_client(
+    pub(super) fn queue_to_client(
         &mut self,
         listener: ListenerId,
         client: SocketAddr,
@@ -281,13 +281,17 @@ impl<W> ConnTable<W> {
     }
 
     /// The next connection with bytes queued since the last flush.
-    pub fn pop_dirty(&mut self) -> Option<u32> {
+    pub(super) fn pop_dirty(&mut self) -> Option<u32> {
         self.dirty.pop()
     }
 
     /// Writes what connection `slot` has queued; asks `driver` to report when it can take
     /// the rest. `Err` if the connection failed (the shard closes it).
-    pub fn flush<D: Driver<Watch = W>>(&mut self, slot: u32, driver: &D) -> Result<(), Closed> {
+    pub(super) fn flush<D: Driver<Watch = W>>(
+        &mut self,
+        slot: u32,
+        driver: &D,
+    ) -> Result<(), Closed> {
         let Some(conn) = self.get_mut(slot) else {
             return Ok(());
         };
@@ -312,7 +316,11 @@ impl<W> ConnTable<W> {
 
     /// Closes connection `slot` (`why`: logged when given); the listener and client whose
     /// allocation the shard must now end.
-    pub fn close(&mut self, slot: u32, why: Option<Closed>) -> Option<(ListenerId, SocketAddr)> {
+    pub(super) fn close(
+        &mut self,
+        slot: u32,
+        why: Option<Closed>,
+    ) -> Option<(ListenerId, SocketAddr)> {
         let mut conn = self.slots.get_mut(slot as usize).and_then(Option::take)?;
         if let Some(place) = conn.admission.take() {
             self.admission.leave(place);
@@ -332,12 +340,12 @@ impl<W> ConnTable<W> {
     }
 
     /// Every slot, to close them all.
-    pub fn slots(&self) -> std::ops::Range<u32> {
+    pub(super) fn slots(&self) -> std::ops::Range<u32> {
         0..self.slots.len() as u32
     }
 
     /// The connections accepted on `listener`.
-    pub fn of_listener(&self, listener: ListenerId) -> Vec<u32> {
+    pub(super) fn of_listener(&self, listener: ListenerId) -> Vec<u32> {
         self.slots
             .iter()
             .enumerate()
@@ -348,7 +356,7 @@ impl<W> ConnTable<W> {
 
     /// The connections to close now, and why: TLS handshakes that took too long, and
     /// connections that stalled or went quiet without an allocation.
-    pub fn late(&self, now: Instant, engine: &Engine) -> Vec<(u32, Closed)> {
+    pub(super) fn late(&self, now: Instant, engine: &Engine) -> Vec<(u32, Closed)> {
         self.slots
             .iter()
             .enumerate()
@@ -373,14 +381,14 @@ impl<W> ConnTable<W> {
     }
 
     /// Adds one at each connection's listener counter slot.
-    pub fn count_open(&self, open: &mut [u64]) {
+    pub(super) fn count_open(&self, open: &mut [u64]) {
         for conn in self.slots.iter().flatten() {
             open[conn.metric] += 1;
         }
     }
 
     /// Bytes of memory the connections' buffers hold.
-    pub fn buffered_bytes(&self) -> u64 {
+    pub(super) fn buffered_bytes(&self) -> u64 {
         self.slots
             .iter()
             .flatten()
@@ -389,7 +397,7 @@ impl<W> ConnTable<W> {
     }
 
     /// Connections whose client holds no allocation yet.
-    pub fn unauthenticated(&self) -> u64 {
+    pub(super) fn unauthenticated(&self) -> u64 {
         self.slots
             .iter()
             .flatten()

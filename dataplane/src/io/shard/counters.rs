@@ -36,7 +36,7 @@ pub(super) struct Counters {
 
 impl Counters {
     /// The counter slot of cluster `id` of `snap`.
-    pub fn cluster(&mut self, snap: &Snapshot, id: ClusterId) -> Option<usize> {
+    pub(super) fn cluster(&mut self, snap: &Snapshot, id: ClusterId) -> Option<usize> {
         if self.cluster_generation != Some(snap.generation) {
             self.cluster_generation = Some(snap.generation);
             let clusters = &mut self.clusters;
@@ -50,14 +50,14 @@ impl Counters {
     }
 
     /// Counts a datagram sent (or not) to a client through listener counter slot `metric`.
-    pub fn sent_to_client(&mut self, metric: usize, outcome: io::Result<usize>) {
+    pub(super) fn sent_to_client(&mut self, metric: usize, outcome: io::Result<usize>) {
         if let Some(n) = self.sent(outcome.map(Some)) {
             self.listeners.traffic[metric].tx(n);
         }
     }
 
     /// Counts a datagram relayed (or not) to a peer of cluster counter slot `cluster`.
-    pub fn sent_to_peer(&mut self, cluster: usize, outcome: io::Result<usize>) {
+    pub(super) fn sent_to_peer(&mut self, cluster: usize, outcome: io::Result<usize>) {
         if let (Some(n), Some(traffic)) = (
             self.sent(outcome.map(Some)),
             self.clusters.traffic.get_mut(cluster),
@@ -67,7 +67,7 @@ impl Counters {
     }
 
     /// Counts the outcome of one send.
-    pub fn sent(&mut self, outcome: io::Result<Option<usize>>) -> Option<usize> {
+    pub(super) fn sent(&mut self, outcome: io::Result<Option<usize>>) -> Option<usize> {
         match outcome {
             Ok(Some(n)) => Some(n),
             Ok(None) => {
@@ -84,7 +84,7 @@ impl Counters {
 
     /// Publishes these counters, with `engine`'s and what the listeners and connections hold
     /// open now, into `stats`.
-    pub fn publish<W>(
+    pub(super) fn publish<W>(
         &self,
         stats: &ShardStats,
         engine: &Engine,

@@ -34,7 +34,7 @@ pub(super) struct Datagrams {
 
 impl Datagrams {
     /// Empty queues and batches with room for a header in front of each datagram.
-    pub fn new() -> Datagrams {
+    pub(super) fn new() -> Datagrams {
         Datagrams {
             listener_batch: Some(Box::new(RecvBatch::new(PEER_HEADROOM))),
             relay_batch: Some(Box::new(RecvBatch::with_room(
@@ -47,7 +47,7 @@ impl Datagrams {
     }
 
     /// Sends the datagrams queued for peers.
-    pub fn flush_to_peers(&mut self, counters: &mut Counters) {
+    pub(super) fn flush_to_peers(&mut self, counters: &mut Counters) {
         if !self.to_peers.is_empty() {
             self.to_peers
                 .flush(&mut |cluster, outcome| counters.sent_to_peer(cluster, outcome));
@@ -55,7 +55,7 @@ impl Datagrams {
     }
 
     /// Sends the datagrams queued for clients.
-    pub fn flush_to_clients(&mut self, counters: &mut Counters) {
+    pub(super) fn flush_to_clients(&mut self, counters: &mut Counters) {
         if !self.to_clients.is_empty() {
             self.to_clients
                 .flush(&mut |metric, outcome| counters.sent_to_client(metric, outcome));
@@ -78,7 +78,7 @@ pub(super) struct DatagramSocket {
 
 impl DatagramSocket {
     /// Sends `datagram` to `client` at once (no queue), counted.
-    pub fn send_to(&self, client: SocketAddr, datagram: &[u8], counters: &mut Counters) {
+    pub(super) fn send_to(&self, client: SocketAddr, datagram: &[u8], counters: &mut Counters) {
         let outcome = try_send_to(self.fd, datagram, for_socket(self.local, client));
         if let Some(n) = counters.sent(outcome) {
             counters.listeners.traffic[self.metric].tx(n);
@@ -95,7 +95,7 @@ pub(super) struct DtlsListener {
 
 impl DtlsListener {
     /// A listener with no sessions yet.
-    pub fn new(gate: Gate) -> DtlsListener {
+    pub(super) fn new(gate: Gate) -> DtlsListener {
         DtlsListener {
             gate,
             sessions: HashMap::with_hasher(RandomState::default()),
@@ -103,7 +103,7 @@ impl DtlsListener {
     }
 
     /// Sessions held.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.sessions.len()
     }
 
@@ -111,7 +111,7 @@ impl DtlsListener {
     /// while it is used so that the shard can be borrowed beside it (give it back with
     /// [`DtlsListener::restore`]), with what to hand it: `data`, or nothing for a session the
     /// datagram just started. `None` if the datagram starts no session.
-    pub fn take_session<'a>(
+    pub(super) fn take_session<'a>(
         &mut self,
         now: Instant,
         from: SocketAddr,
@@ -143,12 +143,12 @@ impl DtlsListener {
     }
 
     /// Puts back the session of `client` that [`DtlsListener::take_session`] lent.
-    pub fn restore(&mut self, client: SocketAddr, session: Session) {
+    pub(super) fn restore(&mut self, client: SocketAddr, session: Session) {
         self.sessions.insert(client, session);
     }
 
     /// Encrypts `data` for `client` and sends it from `socket`.
-    pub fn send_to_client(
+    pub(super) fn send_to_client(
         &mut self,
         client: SocketAddr,
         data: &[u8],
@@ -167,7 +167,7 @@ impl DtlsListener {
 
     /// Ends the sessions (of listener `id`) whose handshake stalled or that went quiet
     /// without an allocation, and their clients' allocations in `engine`.
-    pub fn sweep(&mut self, now: Instant, id: ListenerId, engine: &mut Engine) {
+    pub(super) fn sweep(&mut self, now: Instant, id: ListenerId, engine: &mut Engine) {
         self.sessions.retain(|client, session| {
             let stalled = session.handshake_deadline.is_some_and(|d| d <= now);
             let idle = now.saturating_duration_since(session.last_rx)

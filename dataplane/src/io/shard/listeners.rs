@@ -48,12 +48,12 @@ impl ListenerTransport {
     }
 
     /// Whether clients connect (TCP, TLS) rather than send datagrams (UDP, DTLS).
-    pub fn is_stream(&self) -> bool {
+    pub(super) fn is_stream(&self) -> bool {
         matches!(self, ListenerTransport::Tcp | ListenerTransport::Tls(_))
     }
 
     /// The client transport, for logs.
-    pub fn name(&self) -> &'static str {
+    pub(super) fn name(&self) -> &'static str {
         match self {
             ListenerTransport::Udp => "UDP",
             ListenerTransport::Dtls(_) => "DTLS",
@@ -77,12 +77,12 @@ pub(super) struct RunningListener<W> {
 
 impl<W> RunningListener<W> {
     /// The fd of socket number `n`.
-    pub fn socket_fd(&self, n: usize) -> Option<RawFd> {
+    pub(super) fn socket_fd(&self, n: usize) -> Option<RawFd> {
         self.sockets.get(n).map(|socket| socket.fd)
     }
 
     /// Datagram socket number `n`, to drain or to send from.
-    pub fn datagram_socket(&self, n: usize) -> Option<DatagramSocket> {
+    pub(super) fn datagram_socket(&self, n: usize) -> Option<DatagramSocket> {
         self.sockets.get(n).map(|socket| DatagramSocket {
             id: self.id,
             fd: socket.fd,
@@ -102,7 +102,7 @@ pub(super) struct Listeners<W> {
 
 impl<W> Listeners<W> {
     /// No listeners.
-    pub fn new() -> Listeners<W> {
+    pub(super) fn new() -> Listeners<W> {
         Listeners {
             running: Vec::new(),
             last_id: 0,
@@ -110,17 +110,17 @@ impl<W> Listeners<W> {
     }
 
     /// Running listener `id`.
-    pub fn get(&self, id: ListenerId) -> Option<&RunningListener<W>> {
+    pub(super) fn get(&self, id: ListenerId) -> Option<&RunningListener<W>> {
         self.running.iter().find(|l| l.id == id)
     }
 
     /// Running listener `id`, to change.
-    pub fn get_mut(&mut self, id: ListenerId) -> Option<&mut RunningListener<W>> {
+    pub(super) fn get_mut(&mut self, id: ListenerId) -> Option<&mut RunningListener<W>> {
         self.running.iter_mut().find(|l| l.id == id)
     }
 
     /// The session table of DTLS listener `id`.
-    pub fn dtls_mut(&mut self, id: ListenerId) -> Option<&mut DtlsListener> {
+    pub(super) fn dtls_mut(&mut self, id: ListenerId) -> Option<&mut DtlsListener> {
         match self.get_mut(id).map(|l| &mut l.transport) {
             Some(ListenerTransport::Dtls(dtls)) => Some(dtls),
             _ => None,
@@ -128,7 +128,7 @@ impl<W> Listeners<W> {
     }
 
     /// Ends the DTLS sessions that stalled or went quiet without an allocation.
-    pub fn sweep_dtls(&mut self, now: Instant, engine: &mut Engine) {
+    pub(super) fn sweep_dtls(&mut self, now: Instant, engine: &mut Engine) {
         for listener in &mut self.running {
             if let ListenerTransport::Dtls(dtls) = &mut listener.transport {
                 dtls.sweep(now, listener.id, engine);
@@ -139,7 +139,7 @@ impl<W> Listeners<W> {
     /// Adds, at each listener's counter slot, what it holds open that stunnerd counts as a
     /// connection: a UDP socket, a DTLS session (TCP/TLS connections are the connection
     /// table's to count).
-    pub fn count_open(&self, open: &mut [u64]) {
+    pub(super) fn count_open(&self, open: &mut [u64]) {
         for listener in &self.running {
             open[listener.metric] += match &listener.transport {
                 ListenerTransport::Udp => listener.sockets.len() as u64,
@@ -151,7 +151,7 @@ impl<W> Listeners<W> {
 
     /// The running listeners `snap` no longer runs as they are (removed, or changed in a way
     /// that needs a restart).
-    pub fn stale(&self, snap: &Snapshot) -> Vec<ListenerId> {
+    pub(super) fn stale(&self, snap: &Snapshot) -> Vec<ListenerId> {
         self.running
             .iter()
             .filter(|running| !served(snap).any(|spec| *spec == running.spec))
@@ -161,7 +161,7 @@ impl<W> Listeners<W> {
 
     /// Closes listener `id`'s sockets; shard `shard`'s share of a datagram listener's group
     /// is released.
-    pub fn close(&mut self, id: ListenerId, groups: &ListenerGroups, shard: usize) {
+    pub(super) fn close(&mut self, id: ListenerId, groups: &ListenerGroups, shard: usize) {
         let Some(at) = self.running.iter().position(|l| l.id == id) else {
             return;
         };
@@ -178,14 +178,14 @@ impl<W> Listeners<W> {
     }
 
     /// Closes every listener.
-    pub fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.running.clear();
     }
 
     /// Opens the listeners of `snap` that do not run yet, on shard `shard`. `false` if one
     /// could not open yet (an older run's sockets on its port are still open on another
     /// shard).
-    pub fn open_added<D: Driver<Watch = W>>(
+    pub(super) fn open_added<D: Driver<Watch = W>>(
         &mut self,
         snap: &Snapshot,
         groups: &ListenerGroups,

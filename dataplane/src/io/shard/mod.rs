@@ -111,7 +111,7 @@ pub(super) struct Shard<D: Driver> {
 
 impl<D: Driver> Shard<D> {
     /// A shard with no listeners yet (they open on the first tick), driven by `driver`.
-    pub fn new(setup: &ShardSetup, driver: D) -> Shard<D> {
+    pub(super) fn new(setup: &ShardSetup, driver: D) -> Shard<D> {
         Shard {
             index: setup.index,
             engine: Engine::new(setup.engine.clone()),
@@ -130,13 +130,13 @@ impl<D: Driver> Shard<D> {
     }
 
     /// What waits for this shard's sockets.
-    pub fn driver(&self) -> &D {
+    pub(super) fn driver(&self) -> &D {
         &self.driver
     }
 
     /// Picks up a new snapshot (opening and closing listeners), expires what is due and
     /// publishes the counters.
-    pub fn tick(&mut self, setup: &ShardSetup) {
+    pub(super) fn tick(&mut self, setup: &ShardSetup) {
         let now = Instant::now();
         if let Some(snap) = self.snapshots.pending_reconcile() {
             let complete = self.reconcile_listeners(&snap, setup);
@@ -159,7 +159,7 @@ impl<D: Driver> Shard<D> {
     }
 
     /// Closes every socket.
-    pub fn shutdown(&mut self, stats: &ShardStats) {
+    pub(super) fn shutdown(&mut self, stats: &ShardStats) {
         for slot in self.conns.slots() {
             self.close_conn(slot, None);
         }
@@ -201,7 +201,7 @@ impl<D: Driver> Shard<D> {
     }
 
     /// Receives and handles what waits on the socket behind `token`, up to [`ROUNDS`] batches.
-    pub fn readable(&mut self, token: Token) -> Readiness {
+    pub(super) fn readable(&mut self, token: Token) -> Readiness {
         match token {
             Token::Relay(relay) => self.relay_readable(relay),
             Token::Listener { id, socket } => {
@@ -217,7 +217,7 @@ impl<D: Driver> Shard<D> {
     }
 
     /// Whether stream `token` still has bytes queued (io_uring polls for writability with it).
-    pub fn write_pending(&self, token: Token) -> bool {
+    pub(super) fn write_pending(&self, token: Token) -> bool {
         match token {
             Token::Conn { slot, generation } => self.conns.write_pending(slot, generation),
             _ => false,
@@ -225,7 +225,7 @@ impl<D: Driver> Shard<D> {
     }
 
     /// Sends every queued datagram and writes what connections have queued.
-    pub fn flush(&mut self) {
+    pub(super) fn flush(&mut self) {
         self.datagrams.flush_to_peers(&mut self.counters);
         self.datagrams.flush_to_clients(&mut self.counters);
         while let Some(slot) = self.conns.pop_dirty() {
@@ -267,13 +267,13 @@ impl<D: Driver> Shard<D> {
 
     /// An accept on `listener_fd` failed with `error`: logs it (rate-limited) and, out of
     /// descriptors, refuses one waiting connection. True if one was refused (accept again).
-    pub fn accept_failed(&mut self, listener_fd: RawFd, error: &io::Error) -> bool {
+    pub(super) fn accept_failed(&mut self, listener_fd: RawFd, error: &io::Error) -> bool {
         self.conns
             .accept_failed(listener_fd, error, &mut self.resource_log)
     }
 
     /// Takes a connection accepted on stream listener `id`.
-    pub fn accepted(&mut self, id: ListenerId, socket: socket2::Socket) {
+    pub(super) fn accepted(&mut self, id: ListenerId, socket: socket2::Socket) {
         let Some(listener) = self.listeners.get(id) else {
             return;
         };

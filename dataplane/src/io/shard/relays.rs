@@ -14,14 +14,14 @@ pub(super) struct Relays<W> {
 
 impl<W> Relays<W> {
     /// No relay sockets.
-    pub fn new() -> Relays<W> {
+    pub(super) fn new() -> Relays<W> {
         Relays {
             sockets: Vec::new(),
         }
     }
 
     /// Opens and watches the relay socket `request` asks for; its port.
-    pub fn open<D: Driver<Watch = W>>(
+    pub(super) fn open<D: Driver<Watch = W>>(
         &mut self,
         request: &RelayRequest,
         driver: &D,
@@ -37,7 +37,7 @@ impl<W> Relays<W> {
     }
 
     /// The fd of `relay`'s socket, if it is open.
-    pub fn fd(&self, relay: RelayId) -> Option<RawFd> {
+    pub(super) fn fd(&self, relay: RelayId) -> Option<RawFd> {
         self.sockets
             .get(relay.0 as usize)
             .and_then(Option::as_ref)
@@ -45,7 +45,7 @@ impl<W> Relays<W> {
     }
 
     /// Closes the sockets of every allocation `engine` has ended since the last call.
-    pub fn close_released(&mut self, engine: &mut Engine) {
+    pub(super) fn close_released(&mut self, engine: &mut Engine) {
         while let Some(relay) = engine.poll_close() {
             if let Some(slot) = self.sockets.get_mut(relay.0 as usize) {
                 *slot = None;
@@ -54,7 +54,7 @@ impl<W> Relays<W> {
     }
 
     /// Closes every relay socket.
-    pub fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.sockets.clear();
     }
 }

@@ -27,7 +27,7 @@ struct NewerSnapshot {
 
 impl Snapshots {
     /// A view of `published`; nothing is reconciled yet.
-    pub fn new(published: &Arc<ArcSwap<Snapshot>>) -> Snapshots {
+    pub(super) fn new(published: &Arc<ArcSwap<Snapshot>>) -> Snapshots {
         Snapshots {
             cache: Cache::new(published.clone()),
             reconciled: published.load_full(),
@@ -41,7 +41,7 @@ impl Snapshots {
     /// listener about to restart must not serve under the snapshot of its next run: it would
     /// accept, say, the credentials of a new realm, and the allocations made with them would
     /// end with the restart a moment later.
-    pub fn serving(&mut self) -> &Snapshot {
+    pub(super) fn serving(&mut self) -> &Snapshot {
         let Snapshots {
             cache,
             reconciled,
@@ -71,13 +71,13 @@ impl Snapshots {
     /// The newest snapshot, if the listeners are not yet reconciled to it completely. A
     /// listener that must wait for another run's sockets to close is tried again on the next
     /// tick.
-    pub fn pending_reconcile(&mut self) -> Option<Arc<Snapshot>> {
+    pub(super) fn pending_reconcile(&mut self) -> Option<Arc<Snapshot>> {
         let latest = self.cache.load();
         (self.complete != Some(latest.generation)).then(|| latest.clone())
     }
 
     /// The listeners were reconciled to `snap`: `complete` if every one of them opened.
-    pub fn reconciled(&mut self, snap: Arc<Snapshot>, complete: bool) {
+    pub(super) fn reconciled(&mut self, snap: Arc<Snapshot>, complete: bool) {
         self.complete = complete.then_some(snap.generation);
         self.reconciled = snap;
     }
