@@ -130,7 +130,7 @@ impl BenchClient {
         loop {
             tries += 1;
             match BenchClient::allocate_once(server, user, pass, tcp) {
-                Err(e) if tries < 3 && e.to_string().contains("code: 437") => continue,
+                Err(e) if tries < 3 && e.kind() == io::ErrorKind::AddrInUse => continue,
                 result => return result,
             }
         }
@@ -185,10 +185,14 @@ impl BenchClient {
         client.relay = msg
             .attribute::<XorRelayedAddress>()
             .map_err(|_| {
-                other(format!(
-                    "allocate failed: {:?}",
-                    msg.attribute::<ErrorCode>().ok()
-                ))
+                let code = msg.attribute::<ErrorCode>().ok();
+                // 437: this 5-tuple is taken; the caller may retry from another socket.
+                let kind = if code.as_ref().is_some_and(|c| c.code() == 437) {
+                    io::ErrorKind::AddrInUse
+                } else {
+                    io::ErrorKind::Other
+                };
+                io::Error::new(kind, format!("allocate failed: {code:?}"))
             })?
             .addr(msg.transaction_id());
         Ok(client)
