@@ -4,8 +4,9 @@
 //! process. A config that fails is refused whole, so the running listeners, and the
 //! allocations on them, stay as they are; a listener restarts only for a config that passed.
 
-use super::ports::{foreign_holders, PortProtocol};
+use super::ports::{foreign_holders, Holder, PortProtocol};
 use super::{dtls, tls};
+use std::time::{Duration, Instant};
 use uturn_shared::config::{ConfigError, ListenerProtocol, StunnerConfig};
 
 /// Whether a listener may open a port that another process also serves.
@@ -76,6 +77,27 @@ fn summary(value: &str) -> String {
     }
 }
 
+/// How long a port held only by sockets that no process has open may take to come free. A
+/// process that has just exited can leave such sockets for a few milliseconds (the kernel
+/// tears an io_uring instance down after the process is gone, and the sockets it holds with
+/// it), so a stunnerd restarted at once on the same host waits them out instead of refusing
+/// its config.
+const ORPHAN_GRACE: Duration = Duration::from_secs(1);
+
+/// [`foreign_holders`], asked again until no holder is left, one of them is a live process,
+/// or [`ORPHAN_GRACE`] has passed.
+fn settled_foreign_holders(protocol: PortProtocol, port: u16) -> std::io::Result<Vec<Holder>> {
+    let deadline = Instant::now() + ORPHAN_GRACE;
+    loop {
+        let holders = foreign_holders(protocol, port)?;
+        let orphans_only = !holders.is_empty() && holders.iter().all(|h| h.process.is_none());
+        if !orphans_only || Instant::now() >= deadline {
+            return Ok(holders);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Refuses a listener of `new` that would open a port another process serves. Listeners that
 /// `running` already serves on the same port are left alone: their sockets are open, and
 /// whoever joined them later is not this config's doing.
@@ -93,7 +115,7 @@ pub fn check_ports(running: &StunnerConfig, new: &StunnerConfig) -> Result<(), S
         if served(protocol, listener.port) {
             continue;
         }
-        let holders = match foreign_holders(protocol, listener.port) {
+        let holders = match settled_foreign_holders(protocol, listener.port) {
             Ok(holders) => holders,
             Err(e) => {
                 tracing::warn!(

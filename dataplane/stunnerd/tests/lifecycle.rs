@@ -473,3 +473,32 @@ fn log_specs_format_and_rate_limited_denials() {
     );
     let _ = std::fs::remove_file(path);
 }
+
+/// A stunnerd killed with allocations on it and started again at once on the same host (a
+/// process supervisor's restart) comes up: the sockets the kernel is still tearing down after
+/// the old process exited are waited out, not taken for another process serving the port.
+#[test]
+fn a_stunnerd_restarted_at_once_after_a_kill_serves() {
+    let (turn, health, metrics) = (free_port(), free_port(), free_port());
+    let path = temp_file("restart.yaml");
+    std::fs::write(&path, config(turn, health, metrics, "r")).unwrap();
+    let origin = format!("file://{}", path.display());
+    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
+    for round in 0..5 {
+        let server = Stunnerd::start(&["-c", &origin], &[]);
+        assert!(
+            wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)),
+            "round {round}: {}",
+            server.logs()
+        );
+        let mut clients: Vec<Driver> = (0..4)
+            .map(|_| Driver::new(turn_addr, "alice", "s3cret"))
+            .collect();
+        for d in &mut clients {
+            d.allocate().expect("allocation");
+        }
+        // Killed, and reaped, with its allocations and their clients live.
+        drop(server);
+    }
+    let _ = std::fs::remove_file(path);
+}
