@@ -11,7 +11,8 @@
 //!   and never read.
 //!
 //! It writes `samples.jsonl` (one line a second) and `soak.md` (the result table) to `--out`,
-//! and exits 1 if the server died, a live relay lost a packet, or a slow reader saw frames out
+//! and beside them what each client printed (`turnperf-<transport>-<segment>.json`,
+//! `uclient-tls.txt`, `uclient-dtls.txt`, the last churn run's `uclient-churn.txt`); it exits 1 if the server died, a live relay lost a packet, or a slow reader saw frames out
 //! of order. Every loop is bounded by `--duration`; every process it starts it stops by PID.
 
 use clap::Parser;
@@ -73,6 +74,36 @@ struct Tally {
 
 /// A child process, killed and reaped when dropped.
 struct Proc(Child);
+
+/// A client whose stdout and stderr go to a file. Not a pipe: a pipe that is read only once
+/// the client exits fills after 64 KiB and then blocks the client in its next write (uclient
+/// prints a line a second, so a live session stopped after about 515 s).
+struct Logged {
+    proc: Proc,
+    log: PathBuf,
+}
+
+impl Logged {
+    fn spawn(command: &mut Command, log: PathBuf, what: &str) -> Logged {
+        let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        Logged {
+            proc: Proc(child),
+            log,
+        }
+    }
+
+    /// Waits for the client to exit; what it printed.
+    fn output(mut self) -> String {
+        let _ = self.proc.0.wait();
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -162,6 +193,7 @@ fn run(cli: &Cli) -> Result<bool, String> {
         ]
         .concat(),
         cli.duration + 60,
+        cli.out.join("uclient-tls.txt"),
     );
     let dtls = uclient(
         &[
@@ -170,6 +202,7 @@ fn run(cli: &Cli) -> Result<bool, String> {
         ]
         .concat(),
         cli.duration + 60,
+        cli.out.join("uclient-dtls.txt"),
     );
 
     let mut workers = Vec::new();
@@ -187,9 +220,9 @@ fn run(cli: &Cli) -> Result<bool, String> {
             (ports.dtls, &["-S"][..]),
         ]
         .map(|(p, f)| (p, f.iter().map(|s| s.to_string()).collect::<Vec<_>>()));
-        let peer = ports.peer;
+        let (peer, log) = (ports.peer, cli.out.join("uclient-churn.txt"));
         workers.push(std::thread::spawn(move || {
-            uclient_churn(&transports, peer, &stop, &tally)
+            uclient_churn(&transports, peer, &log, &stop, &tally)
         }));
     }
     {
@@ -247,16 +280,8 @@ fn run(cli: &Cli) -> Result<bool, String> {
             "turnperf, 16 allocations",
             tcp.join().unwrap_or((0, 0, Some("panicked".into()))),
         ),
-        (
-            "TLS",
-            "turnutils_uclient, 4 clients",
-            finish_uclient(tls, &cli.out.join("uclient-tls.txt")),
-        ),
-        (
-            "DTLS",
-            "turnutils_uclient, 4 clients",
-            finish_uclient(dtls, &cli.out.join("uclient-dtls.txt")),
-        ),
+        ("TLS", "turnutils_uclient, 4 clients", finish_uclient(tls)),
+        ("DTLS", "turnutils_uclient, 4 clients", finish_uclient(dtls)),
     ];
     let metrics = http_get(ports.metrics, "/metrics").unwrap_or_default();
     // A clean stop: SIGTERM, and stunnerd must exit 0 (no allocations are left by then).
@@ -393,13 +418,10 @@ fn turnperf_segments(
             let run = left.min(SEGMENT);
             left -= run;
             segment += 1;
-            let text = output(turnperf(&cli, port, transport, allocations, run));
             // Each segment's report stays beside soak.md, so a loss can be traced to a
             // segment, a direction and a number of dead allocations.
-            let _ = std::fs::write(
-                cli.out.join(format!("turnperf-{transport}-{segment}.json")),
-                &text,
-            );
+            let log = cli.out.join(format!("turnperf-{transport}-{segment}.json"));
+            let text = turnperf(&cli, port, transport, allocations, run, log).output();
             let (s, r, p) = finish_turnperf(&text);
             if s != r {
                 eprintln!(
@@ -418,8 +440,15 @@ fn turnperf_segments(
     })
 }
 
-fn turnperf(cli: &Cli, port: u16, transport: &str, allocations: usize, secs: u64) -> Proc {
-    Proc(
+fn turnperf(
+    cli: &Cli,
+    port: u16,
+    transport: &str,
+    allocations: usize,
+    secs: u64,
+    log: PathBuf,
+) -> Logged {
+    Logged::spawn(
         Command::new(&cli.turnperf)
             .arg(format!("127.0.0.1:{port}"))
             .args([
@@ -442,11 +471,9 @@ fn turnperf(cli: &Cli, port: u16, transport: &str, allocations: usize, secs: u64
                 &RATE.to_string(),
                 "-d",
                 &secs.to_string(),
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("turnperf (cargo build --release -p uturn-perf)"),
+            ]),
+        log,
+        "turnperf (cargo build --release -p uturn-perf)",
     )
 }
 
@@ -476,33 +503,20 @@ fn live(p: &Ports, port: u16, messages: &str) -> Vec<String> {
     ]
 }
 
-fn uclient<S: AsRef<std::ffi::OsStr>>(args: &[S], secs: u64) -> Proc {
-    Proc(
+/// uclient with `args`, stopped after `secs`, printing into `log`.
+fn uclient<S: AsRef<std::ffi::OsStr>>(args: &[S], secs: u64, log: PathBuf) -> Logged {
+    Logged::spawn(
         Command::new("timeout")
             .arg(secs.to_string())
             .arg("turnutils_uclient")
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("turnutils_uclient (apt-get install coturn)"),
+            .args(args),
+        log,
+        "turnutils_uclient (apt-get install coturn)",
     )
 }
 
 /// (sent, received, what went wrong) of one live relay, both directions summed.
 type Relay = (u64, u64, Option<String>);
-
-fn output(mut p: Proc) -> String {
-    let mut text = String::new();
-    if let Some(mut out) = p.0.stdout.take() {
-        let _ = out.read_to_string(&mut text);
-    }
-    if let Some(mut err) = p.0.stderr.take() {
-        let _ = err.read_to_string(&mut text);
-    }
-    let _ = p.0.wait();
-    text
-}
 
 fn finish_turnperf(text: &str) -> Relay {
     let Some(doc) = text
@@ -530,10 +544,9 @@ fn uclient_count(text: &str, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// uclient's counts; its whole output is kept in `keep` (a loss can then be placed in time).
-fn finish_uclient(p: Proc, keep: &std::path::Path) -> Relay {
-    let text = output(p);
-    let _ = std::fs::write(keep, &text);
+/// uclient's counts; its whole output stays in its log (a loss can then be placed in time).
+fn finish_uclient(p: Logged) -> Relay {
+    let text = p.output();
     let (sent, received) = (
         uclient_count(&text, "tot_send_msgs="),
         uclient_count(&text, "tot_recv_msgs="),
@@ -582,7 +595,13 @@ fn own_churn(turn: [u16; 2], stop: &AtomicBool, tally: &Tally) {
 }
 
 /// coturn's client on each transport in turn: 8 clients, 20 messages each, then exit.
-fn uclient_churn(transports: &[(u16, Vec<String>)], peer: u16, stop: &AtomicBool, tally: &Tally) {
+fn uclient_churn(
+    transports: &[(u16, Vec<String>)],
+    peer: u16,
+    log: &Path,
+    stop: &AtomicBool,
+    tally: &Tally,
+) {
     let mut i = 0;
     while !stop.load(Ordering::Relaxed) {
         let (port, flags) = &transports[i % transports.len()];
@@ -609,7 +628,7 @@ fn uclient_churn(transports: &[(u16, Vec<String>)], peer: u16, stop: &AtomicBool
             PASS,
             "127.0.0.1",
         ]);
-        let text = output(uclient(&args, 40));
+        let text = uclient(&args, 40, log.to_path_buf()).output();
         tally.uclient_churn_runs.fetch_add(1, Ordering::Relaxed);
         tally
             .uclient_churn_sent
