@@ -11,7 +11,7 @@ use std::time::Duration;
 use uturn_testkit::peers::Peer;
 use uturn_testkit::stunnerd::{free_port, http_get, metric, temp_file, wait_until, Stunnerd};
 use uturn_testkit::tls::served_certificate;
-use uturn_testkit::turn_client::{stream, Driver};
+use uturn_testkit::turn_client::{stream, TurnClient};
 use uturn_testkit::turncat::{paced_echo, turncat_tunnel};
 
 const AUTH: &str = "{type: static, credentials: {username: user1, password: pass1}}";
@@ -333,11 +333,11 @@ fn udp_config(turn: u16, health: u16, tcp: bool) -> String {
 }
 
 /// Live UDP clients of `turn`, each with a permission for `peer`.
-fn udp_clients(turn: u16, peer: &Peer, n: usize) -> Vec<Driver> {
+fn udp_clients(turn: u16, peer: &Peer, n: usize) -> Vec<TurnClient> {
     let server: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
     (0..n)
         .map(|_| {
-            let mut client = Driver::new(server, "user1", "pass1");
+            let mut client = TurnClient::new(server, "user1", "pass1");
             assert!(client.allocate().is_some(), "{:?}", client.events);
             assert!(client.permit(peer.addr.ip()));
             client
@@ -346,7 +346,7 @@ fn udp_clients(turn: u16, peer: &Peer, n: usize) -> Vec<Driver> {
 }
 
 /// Whether every client still relays: 20 datagrams each, every one echoed.
-fn all_relay(clients: &mut [Driver], peer: &Peer, tag: &str) -> bool {
+fn all_relay(clients: &mut [TurnClient], peer: &Peer, tag: &str) -> bool {
     clients
         .iter_mut()
         .all(|client| stream(client, peer.addr, tag, 20) == 20)

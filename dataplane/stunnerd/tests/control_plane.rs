@@ -2,13 +2,13 @@
 //! discovery server speaking STUNner's protocol, and a Kubernetes API-server fake (LIST and
 //! chunked WATCH) through the real kube-rs client, with `turn-client-proto` relaying through it.
 
-use apiserver::{endpoint_slice, service, FakeApiServer, Kind};
+use apiserver::{endpoint_slice, service, FakeApiServer, Resource};
 use serde_json::Value;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::Duration;
 use turn_client_proto::api::TurnEvent;
 use uturn_testkit::stunnerd::{free_port, status, temp_file, wait_until, Stunnerd};
-use uturn_testkit::turn_client::Driver;
+use uturn_testkit::turn_client::TurnClient;
 use uturn_testkit::{apiserver, cds};
 
 const CREATE_PERMISSION: u16 = 0x0008;
@@ -56,7 +56,7 @@ fn recv(socket: &UdpSocket) -> Option<Vec<u8>> {
         .map(|(n, _)| buf[..n].to_vec())
 }
 
-fn got(d: &Driver, data: &[u8]) -> bool {
+fn got(d: &TurnClient, data: &[u8]) -> bool {
     d.received.iter().any(|(_, p)| p == data)
 }
 
@@ -66,11 +66,11 @@ fn got(d: &Driver, data: &[u8]) -> bool {
 fn terminating_endpoint_keeps_relaying_until_it_is_deleted() {
     let api = FakeApiServer::start();
     api.apply(
-        Kind::Service,
+        Resource::Service,
         service("media", "media-server", &["10.96.0.10"]),
     );
     api.apply(
-        Kind::Slice,
+        Resource::EndpointSlice,
         endpoint_slice(
             "media",
             "media-server-abc",
@@ -106,7 +106,7 @@ fn terminating_endpoint_keeps_relaying_until_it_is_deleted() {
     let media = pod("127.0.0.2");
     let media_addr = media.local_addr().unwrap();
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
-    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
     let relay = d.allocate().expect("allocation");
     assert!(d.permit(media_addr.ip()));
     assert!(d.bind(media_addr));
@@ -118,7 +118,7 @@ fn terminating_endpoint_keeps_relaying_until_it_is_deleted() {
 
     // The pod is deleted: it drains, its endpoint turns ready=false serving=true terminating=true.
     api.apply(
-        Kind::Slice,
+        Resource::EndpointSlice,
         endpoint_slice(
             "media",
             "media-server-abc",
@@ -160,12 +160,12 @@ fn terminating_endpoint_keeps_relaying_until_it_is_deleted() {
     assert!(got(&d, b"still here"));
 
     // The endpoint is finally removed.
-    api.delete(Kind::Slice, "media", "media-server-abc");
+    api.delete(Resource::EndpointSlice, "media", "media-server-abc");
     assert!(wait_until(10, || {
         let entry = discovered(health, "media/media-server");
         entry.is_some() && !listed(&entry, "addresses", "127.0.0.2")
     }));
-    let mut late = Driver::new(turn_addr, "alice", "s3cret");
+    let mut late = TurnClient::new(turn_addr, "alice", "s3cret");
     late.allocate().expect("allocation");
     assert!(
         !late.permit(media_addr.ip()),
@@ -200,15 +200,15 @@ fn terminating_endpoint_keeps_relaying_until_it_is_deleted() {
 fn relist_after_an_outage_drops_slices_deleted_meanwhile() {
     let api = FakeApiServer::start();
     api.apply(
-        Kind::Service,
+        Resource::Service,
         service("media", "sfu", &["10.96.0.20", "fd00::20"]),
     );
     api.apply(
-        Kind::Slice,
+        Resource::EndpointSlice,
         endpoint_slice("media", "sfu-a", "sfu", &[("127.0.0.3", true, true, false)]),
     );
     api.apply(
-        Kind::Slice,
+        Resource::EndpointSlice,
         endpoint_slice("media", "sfu-b", "sfu", &[("127.0.0.4", true, true, false)]),
     );
     let (turn, health) = (free_port(), free_port());
@@ -255,7 +255,7 @@ fn relist_after_an_outage_drops_slices_deleted_meanwhile() {
         "{}",
         server.logs()
     );
-    api.delete(Kind::Slice, "media", "sfu-b");
+    api.delete(Resource::EndpointSlice, "media", "sfu-b");
     api.compact();
     // Meanwhile the last known endpoints stay in force.
     assert!(
@@ -263,7 +263,7 @@ fn relist_after_an_outage_drops_slices_deleted_meanwhile() {
         "endpoints were dropped while the API server was away"
     );
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
-    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
     d.allocate().expect("allocation");
     assert!(d.permit("127.0.0.4".parse::<IpAddr>().unwrap()));
 
@@ -291,7 +291,7 @@ fn relist_after_an_outage_drops_slices_deleted_meanwhile() {
         "the watch never resumed from the compacted version: {:?}",
         api.requests()
     );
-    let mut late = Driver::new(turn_addr, "alice", "s3cret");
+    let mut late = TurnClient::new(turn_addr, "alice", "s3cret");
     late.allocate().expect("allocation");
     assert!(!late.permit("127.0.0.4".parse::<IpAddr>().unwrap()));
     let _ = std::fs::remove_file(config);
@@ -362,7 +362,7 @@ fn file_reconfiguration_loses_no_packet_of_a_live_allocation() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let peer = echo_peer(stop.clone());
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
-    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
     d.allocate().expect("allocation");
     assert!(d.permit(peer.ip()));
     assert!(d.bind(peer));
@@ -420,9 +420,9 @@ fn file_reconfiguration_loses_no_packet_of_a_live_allocation() {
     );
 
     // The rotation is in force: the new password allocates, the old one does not.
-    let mut fresh = Driver::new(turn_addr, "alice", "n3w");
+    let mut fresh = TurnClient::new(turn_addr, "alice", "n3w");
     assert!(fresh.allocate().is_some());
-    let mut stale = Driver::new(turn_addr, "alice", "s3cret");
+    let mut stale = TurnClient::new(turn_addr, "alice", "s3cret");
     let event = stale.until_for(2.0, &|e| matches!(e, TurnEvent::AllocationCreated(..)));
     assert!(event.is_none(), "the old password still allocates");
     let _ = std::fs::remove_file(config);
@@ -439,7 +439,7 @@ fn realm_change_restarts_the_listener() {
     assert!(wait_until(10, || status(health)
         .is_some_and(|s| s["status"] == "READY")));
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
-    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
     d.allocate().expect("allocation");
     assert!(wait_until(5, || status(health)
         .is_some_and(|s| s["allocationCount"] == 1)));
@@ -457,7 +457,7 @@ fn realm_change_restarts_the_listener() {
         server.logs()
     );
     assert!(server.logs().contains("restarted objects: 1"));
-    let mut again = Driver::new(turn_addr, "alice", "s3cret");
+    let mut again = TurnClient::new(turn_addr, "alice", "s3cret");
     assert!(
         again.allocate().is_some(),
         "the restarted listener does not serve"
@@ -544,7 +544,7 @@ fn cds_watch_applies_pushes_and_survives_a_server_restart() {
     );
     // The live listener relays through the watch.
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
-    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
     assert!(d.allocate().is_some());
 
     cds.stop();
@@ -627,7 +627,7 @@ fn strict_dns_cluster_admits_resolved_addresses() {
     );
     let peer = pod("127.0.0.1");
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
-    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
     let relay = d.allocate().expect("allocation");
     assert!(d.permit(peer.local_addr().unwrap().ip()));
     d.send(peer.local_addr().unwrap(), b"resolved");
@@ -677,7 +677,7 @@ fn listeners_open_and_close_live_on_every_shard() {
     );
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
     let extra_addr: SocketAddr = format!("127.0.0.1:{extra}").parse().unwrap();
-    let mut kept = Driver::new(turn_addr, "alice", "s3cret");
+    let mut kept = TurnClient::new(turn_addr, "alice", "s3cret");
     kept.allocate().expect("allocation");
 
     std::fs::write(&config, &two).unwrap();
@@ -692,7 +692,7 @@ fn listeners_open_and_close_live_on_every_shard() {
         "{}",
         server.logs()
     );
-    let mut d = Driver::new(extra_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(extra_addr, "alice", "s3cret");
     d.allocate().expect("allocation on the new listener");
     assert!(wait_until(5, || status(health)
         .is_some_and(|s| s["allocationCount"] == 2)));
@@ -714,7 +714,7 @@ fn listeners_open_and_close_live_on_every_shard() {
         "{}",
         server.logs()
     );
-    let mut late = Driver::new(extra_addr, "alice", "s3cret");
+    let mut late = TurnClient::new(extra_addr, "alice", "s3cret");
     assert!(late
         .until_for(1.5, &|e| matches!(e, TurnEvent::AllocationCreated(..)))
         .is_none());
@@ -939,7 +939,7 @@ fn file_watch_waits_for_the_file_and_keeps_the_config_on_bad_updates() {
     assert_eq!(running["status"], "READY");
     assert_eq!(running["listeners"][0]["protocol"], "TURN-UDP");
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
-    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
     assert!(d.allocate().is_some(), "the running config stopped serving");
     let _ = std::fs::remove_file(config);
 }
@@ -1087,11 +1087,11 @@ fn ready(health: u16) -> Option<u16> {
 fn ready_waits_for_the_first_endpoint_list_up_to_the_discovery_timeout() {
     let api = FakeApiServer::start();
     api.apply(
-        Kind::Service,
+        Resource::Service,
         service("media", "ready-svc", &["10.96.0.30"]),
     );
     api.apply(
-        Kind::Slice,
+        Resource::EndpointSlice,
         endpoint_slice(
             "media",
             "ready-svc-a",
@@ -1216,11 +1216,11 @@ fn cds_kubernetes_config(turn: u16, health: u16, with_service: bool) -> String {
 fn a_service_removed_and_readded_in_one_batch_keeps_its_endpoints() {
     let api = FakeApiServer::start();
     api.apply(
-        Kind::Service,
+        Resource::Service,
         service("media", "batch-svc", &["10.96.0.40"]),
     );
     api.apply(
-        Kind::Slice,
+        Resource::EndpointSlice,
         endpoint_slice(
             "media",
             "batch-svc-a",
@@ -1284,7 +1284,7 @@ fn a_service_removed_and_readded_in_one_batch_keeps_its_endpoints() {
         "the watch was not restarted"
     );
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
-    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
     d.allocate().expect("allocation");
     assert!(
         d.permit("127.0.0.6".parse::<IpAddr>().unwrap()),
@@ -1309,7 +1309,7 @@ fn watch_mode_boots_when_the_bootstrap_health_port_is_taken() {
     assert!(server
         .logs()
         .contains("bootstrap config: admin.healthcheck_endpoint \"http://:8086\""));
-    let mut d = Driver::new(
+    let mut d = TurnClient::new(
         format!("127.0.0.1:{turn}").parse().unwrap(),
         "alice",
         "s3cret",

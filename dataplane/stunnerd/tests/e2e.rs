@@ -385,8 +385,11 @@ fn turn_uri_mode_relays_to_a_peer_in_a_network_namespace() {
     // Started after the veth exists, so its host side is one of the gateway's own addresses.
     let uri = format!("turn://user1:pass1@127.0.0.1:{port}?transport=udp");
     let _server = stunnerd(&[&uri], "1");
-    let mut client =
-        uturn_testkit::turn_client::Driver::new(([127, 0, 0, 1], port).into(), "user1", "pass1");
+    let mut client = uturn_testkit::turn_client::TurnClient::new(
+        ([127, 0, 0, 1], port).into(),
+        "user1",
+        "pass1",
+    );
     let relay = client.allocate().expect("allocation");
     assert!(client.permit(peer.ip()), "permission for {peer} refused");
     // Ten datagrams of 40 to 913 bytes, each different from the others.

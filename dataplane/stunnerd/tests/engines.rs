@@ -8,7 +8,7 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 use uturn_testkit::stunnerd::{free_port, temp_file, wait_until, Stunnerd};
-use uturn_testkit::turn_client::Driver;
+use uturn_testkit::turn_client::TurnClient;
 
 const MEMLOCK_64K: &[&str] = &["prlimit", "--memlock=65536:65536"];
 
@@ -41,7 +41,7 @@ fn relays_both_ways(port: u16) -> bool {
     peer.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let peer_addr = peer.local_addr().unwrap();
     let turn: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut d = Driver::new(turn, "alice", "s3cret");
+    let mut d = TurnClient::new(turn, "alice", "s3cret");
     let Some(relay) = d.allocate() else {
         return false;
     };

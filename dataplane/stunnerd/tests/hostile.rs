@@ -15,7 +15,7 @@ use uturn_perf::client::{build_request, udp_transport, BenchClient, Credentials}
 use uturn_shared::auth::{ephemeral_password, ephemeral_username};
 use uturn_testkit::peers::Peer;
 use uturn_testkit::stunnerd::{free_port, metric, temp_file, wait_until, Stunnerd};
-use uturn_testkit::turn_client::{stream, Driver};
+use uturn_testkit::turn_client::{stream, TurnClient};
 
 /// These tests load the machine: one at a time, so that none measures another's load.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -95,9 +95,9 @@ fn udp_tcp_config(turn: u16, tcp: u16, metrics: u16) -> String {
 }
 
 /// An echo peer and a client with a channel bound to it, through `target`.
-fn live_relay(target: SocketAddr) -> (Peer, Driver) {
+fn live_relay(target: SocketAddr) -> (Peer, TurnClient) {
     let peer = Peer::start();
-    let mut live = Driver::new(target, "user1", "pass1");
+    let mut live = TurnClient::new(target, "user1", "pass1");
     assert!(live.allocate().is_some(), "{:?}", live.events);
     assert!(live.bind(peer.addr));
     (peer, live)
@@ -250,7 +250,7 @@ fn spoofed_allocate_flood_creates_nothing_and_costs_no_memory() {
     );
 
     // A real client, from an address that did not flood, is served as before.
-    let mut client = Driver::new(target, "user1", "pass1");
+    let mut client = TurnClient::new(target, "user1", "pass1");
     assert!(client.allocate().is_some(), "{:?}", client.events);
 }
 
@@ -394,7 +394,7 @@ fn allocation_flood_by_one_user_stops_at_its_quota() {
     let mut held = Vec::new();
     let mut refused = 0;
     for _ in 0..30 {
-        let mut d = Driver::new(target, &alice, &alice_pass);
+        let mut d = TurnClient::new(target, &alice, &alice_pass);
         if d.allocate().is_some() {
             held.push(d);
         } else {
@@ -407,7 +407,7 @@ fn allocation_flood_by_one_user_stops_at_its_quota() {
         }
     }
     assert_eq!((held.len(), refused), (3, 27));
-    let mut other = Driver::new(target, &bob, &bob_pass);
+    let mut other = TurnClient::new(target, &bob, &bob_pass);
     assert!(other.allocate().is_some(), "{:?}", other.responses);
     // Shards publish their counters every tick (100 ms).
     assert!(wait_until(2, || metric(
@@ -420,9 +420,9 @@ fn allocation_flood_by_one_user_stops_at_its_quota() {
     ) == Some(27.0)));
 
     held.pop().unwrap().delete();
-    let mut again = Driver::new(target, &alice, &alice_pass);
+    let mut again = TurnClient::new(target, &alice, &alice_pass);
     assert!(again.allocate().is_some(), "{:?}", again.responses);
-    let mut over = Driver::new(target, &alice, &alice_pass);
+    let mut over = TurnClient::new(target, &alice, &alice_pass);
     assert!(over.allocate().is_none());
     assert!(over.responses.iter().any(|r| r.error_code == Some(486)));
 }
@@ -464,7 +464,7 @@ fn relay_socket_exhaustion_gives_508_and_recovers() {
     let mut held = Vec::new();
     let mut refused = None;
     for _ in 0..FD_LIMIT {
-        let mut d = Driver::new(target, "user1", "pass1");
+        let mut d = TurnClient::new(target, "user1", "pass1");
         if d.allocate().is_some() {
             held.push(d);
         } else {
@@ -481,7 +481,7 @@ fn relay_socket_exhaustion_gives_508_and_recovers() {
     assert!(held.len() >= 5, "only {} allocations fit", held.len());
     // Deleting one frees its socket: the next client gets it.
     held.pop().unwrap().delete();
-    let mut next = Driver::new(target, "user1", "pass1");
+    let mut next = TurnClient::new(target, "user1", "pass1");
     assert!(next.allocate().is_some(), "{:?}", next.responses);
     // With one more deleted, a descriptor is free for the metrics server to answer, and the
     // refused allocation holds nothing.

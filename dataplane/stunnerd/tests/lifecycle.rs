@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use uturn_testkit::peers::Peer;
 use uturn_testkit::stunnerd::{free_port, http_get, status, temp_file, wait_until, Stunnerd};
-use uturn_testkit::turn_client::{stream, Driver};
+use uturn_testkit::turn_client::{stream, TurnClient};
 
 const REFRESH: u16 = 0x0004;
 const CHANNEL_BIND: u16 = 0x0009;
@@ -44,7 +44,7 @@ fn drain_scenario(force_ready: bool) {
     let peer = Peer::start();
     let other = Peer::on("127.0.0.3");
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
-    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
     d.allocate().expect("allocation");
     assert!(d.permit(peer.addr.ip()));
     assert!(d.bind(peer.addr));
@@ -141,7 +141,7 @@ fn drain_timeout_bounds_the_wait() {
     let mut server = Stunnerd::start(&["-c", &origin, "--drain-timeout", "1"], &[]);
     assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
-    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
     d.allocate().expect("allocation");
     assert!(wait_until(5, || status(health)
         .is_some_and(|s| s["allocationCount"] == 1)));
@@ -229,7 +229,7 @@ fn metrics_and_status_match_the_traffic_a_client_made() {
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
     let mut clients = Vec::new();
     for _ in 0..3 {
-        let mut d = Driver::new(turn_addr, "alice", "s3cret");
+        let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
         d.allocate().expect("allocation");
         clients.push(d);
     }
@@ -421,7 +421,7 @@ fn log_specs_format_and_rate_limited_denials() {
 
     let server = Stunnerd::start(&["-c", &origin, "-l", "all:WARN,auth:INFO"], &[]);
     assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
-    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
     d.allocate().expect("allocation");
     for _ in 0..8 {
         assert!(!d.permit(denied));
@@ -462,7 +462,7 @@ fn log_specs_format_and_rate_limited_denials() {
     // The other order: auth:INFO, then all:WARN overrides it.
     let server = Stunnerd::start(&["-c", &origin, "-l", "auth:INFO,all:WARN"], &[]);
     assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
-    let mut d = Driver::new(turn_addr, "alice", "s3cret");
+    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
     d.allocate().expect("allocation");
     assert!(!d.permit(denied));
     std::thread::sleep(Duration::from_millis(200));
@@ -491,8 +491,8 @@ fn a_stunnerd_restarted_at_once_after_a_kill_serves() {
             "round {round}: {}",
             server.logs()
         );
-        let mut clients: Vec<Driver> = (0..4)
-            .map(|_| Driver::new(turn_addr, "alice", "s3cret"))
+        let mut clients: Vec<TurnClient> = (0..4)
+            .map(|_| TurnClient::new(turn_addr, "alice", "s3cret"))
             .collect();
         for d in &mut clients {
             d.allocate().expect("allocation");

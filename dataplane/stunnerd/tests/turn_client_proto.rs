@@ -6,7 +6,7 @@ use std::time::Duration;
 use turn_client_proto::api::{TurnClientApi, TurnEvent};
 use turn_types::stun::TransportType;
 use uturn_testkit::stunnerd::Killed;
-use uturn_testkit::turn_client::Driver;
+use uturn_testkit::turn_client::TurnClient;
 
 fn start_server(auth: &str) -> (Killed, SocketAddr, std::path::PathBuf) {
     let port = UdpSocket::bind("127.0.0.1:0")
@@ -43,7 +43,7 @@ fn turn_client_proto_relays_both_ways_with_permission_and_channel() {
     let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
     peer.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let peer_addr = peer.local_addr().unwrap();
-    let mut d = Driver::new(addr, "alice", "s3cret");
+    let mut d = TurnClient::new(addr, "alice", "s3cret");
     let relay = match d.until(&|e| {
         matches!(
             e,
@@ -104,7 +104,7 @@ fn turn_client_proto_relays_both_ways_with_permission_and_channel() {
 fn turn_client_proto_wrong_password_fails_allocation() {
     let (_server, addr, path) =
         start_server("{type: static, credentials: {username: alice, password: s3cret}}");
-    let mut d = Driver::new(addr, "alice", "wrong");
+    let mut d = TurnClient::new(addr, "alice", "wrong");
     let event = d.until(&|e| {
         matches!(
             e,

@@ -12,24 +12,24 @@ use std::time::{Duration, Instant};
 
 /// The two resources the fake serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Kind {
+pub enum Resource {
     /// `discovery.k8s.io/v1` EndpointSlice.
-    Slice,
+    EndpointSlice,
     /// `v1` Service.
     Service,
 }
 
 struct WatchEvent {
     rv: u64,
-    kind: Kind,
-    kind_of_event: &'static str,
+    resource: Resource,
+    event_type: &'static str,
     object: Value,
 }
 
 #[derive(Default)]
 struct State {
     rv: u64,
-    objects: BTreeMap<(Kind, String, String), Value>,
+    objects: BTreeMap<(Resource, String, String), Value>,
     history: Vec<WatchEvent>,
     /// Watches from a resource version below this get 410 Expired.
     compacted: u64,
@@ -94,7 +94,7 @@ impl FakeApiServer {
     }
 
     /// Creates or replaces an object (ADDED or MODIFIED to watchers).
-    pub fn apply(&self, kind: Kind, mut object: Value) {
+    pub fn apply(&self, resource: Resource, mut object: Value) {
         let mut s = self.inner.state.lock().unwrap();
         s.rv += 1;
         let rv = s.rv;
@@ -105,8 +105,8 @@ impl FakeApiServer {
         let name = object["metadata"]["name"].as_str().unwrap().to_string();
         object["metadata"]["resourceVersion"] = json!(rv.to_string());
         object["metadata"]["uid"] = json!(format!("uid-{ns}-{name}"));
-        let key = (kind, ns, name);
-        let kind_of_event = if s.objects.contains_key(&key) {
+        let key = (resource, ns, name);
+        let event_type = if s.objects.contains_key(&key) {
             "MODIFIED"
         } else {
             "ADDED"
@@ -114,19 +114,19 @@ impl FakeApiServer {
         s.objects.insert(key, object.clone());
         s.history.push(WatchEvent {
             rv,
-            kind,
-            kind_of_event,
+            resource,
+            event_type,
             object,
         });
         self.inner.changed.notify_all();
     }
 
     /// Deletes an object (DELETED to watchers).
-    pub fn delete(&self, kind: Kind, namespace: &str, name: &str) {
+    pub fn delete(&self, resource: Resource, namespace: &str, name: &str) {
         let mut s = self.inner.state.lock().unwrap();
-        let Some(mut object) = s
-            .objects
-            .remove(&(kind, namespace.to_string(), name.to_string()))
+        let Some(mut object) =
+            s.objects
+                .remove(&(resource, namespace.to_string(), name.to_string()))
         else {
             return;
         };
@@ -135,8 +135,8 @@ impl FakeApiServer {
         object["metadata"]["resourceVersion"] = json!(rv.to_string());
         s.history.push(WatchEvent {
             rv,
-            kind,
-            kind_of_event: "DELETED",
+            resource,
+            event_type: "DELETED",
             object,
         });
         self.inner.changed.notify_all();
@@ -293,11 +293,11 @@ fn serve(stream: TcpStream, inner: &Inner) -> std::io::Result<()> {
         .collect();
     inner.state.lock().unwrap().requests.push(target.clone());
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (kind, namespace) = match parts.as_slice() {
+    let (resource, namespace) = match parts.as_slice() {
         ["apis", "discovery.k8s.io", "v1", "namespaces", ns, "endpointslices"] => {
-            (Kind::Slice, ns.to_string())
+            (Resource::EndpointSlice, ns.to_string())
         }
-        ["api", "v1", "namespaces", ns, "services"] => (Kind::Service, ns.to_string()),
+        ["api", "v1", "namespaces", ns, "services"] => (Resource::Service, ns.to_string()),
         _ => {
             return respond(
                 stream,
@@ -307,7 +307,7 @@ fn serve(stream: TcpStream, inner: &Inner) -> std::io::Result<()> {
         }
     };
     let filter = Filter {
-        kind,
+        resource,
         namespace,
         label: params.get("labelSelector").cloned(),
         field: params.get("fieldSelector").cloned(),
@@ -320,15 +320,15 @@ fn serve(stream: TcpStream, inner: &Inner) -> std::io::Result<()> {
 }
 
 struct Filter {
-    kind: Kind,
+    resource: Resource,
     namespace: String,
     label: Option<String>,
     field: Option<String>,
 }
 
 impl Filter {
-    fn matches(&self, kind: Kind, object: &Value) -> bool {
-        if kind != self.kind || object["metadata"]["namespace"] != json!(self.namespace) {
+    fn matches(&self, resource: Resource, object: &Value) -> bool {
+        if resource != self.resource || object["metadata"]["namespace"] != json!(self.namespace) {
             return false;
         }
         if let Some((key, value)) = self.label.as_deref().and_then(|l| l.split_once('=')) {
@@ -349,9 +349,9 @@ impl Filter {
     }
 
     fn list_kind(&self) -> (&'static str, &'static str) {
-        match self.kind {
-            Kind::Slice => ("discovery.k8s.io/v1", "EndpointSlice"),
-            Kind::Service => ("v1", "Service"),
+        match self.resource {
+            Resource::EndpointSlice => ("discovery.k8s.io/v1", "EndpointSlice"),
+            Resource::Service => ("v1", "Service"),
         }
     }
 }
@@ -362,7 +362,7 @@ fn list(stream: TcpStream, inner: &Inner, filter: &Filter) -> std::io::Result<()
         let items: Vec<Value> = s
             .objects
             .iter()
-            .filter(|((kind, ..), object)| filter.matches(*kind, object))
+            .filter(|((resource, ..), object)| filter.matches(*resource, object))
             .map(|(_, object)| object.clone())
             .collect();
         let (api_version, kind) = filter.list_kind();
@@ -415,8 +415,8 @@ fn watch(
         let lines: Vec<String> = guard
             .history
             .iter()
-            .filter(|e| e.rv > from && filter.matches(e.kind, &e.object))
-            .map(|e| json!({"type": e.kind_of_event, "object": e.object}).to_string())
+            .filter(|e| e.rv > from && filter.matches(e.resource, &e.object))
+            .map(|e| json!({"type": e.event_type, "object": e.object}).to_string())
             .collect();
         let latest = guard.rv;
         drop(guard);

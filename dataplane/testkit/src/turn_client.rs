@@ -22,7 +22,7 @@ pub struct Response {
 }
 
 /// A `turn-client-proto` UDP client on a real socket.
-pub struct Driver {
+pub struct TurnClient {
     /// The client under test.
     pub client: TurnClientUdp,
     socket: UdpSocket,
@@ -41,9 +41,9 @@ pub struct Driver {
     server: SocketAddr,
 }
 
-impl Driver {
+impl TurnClient {
     /// A client that starts allocating on `server` with `user`/`pass`.
-    pub fn new(server: SocketAddr, user: &str, pass: &str) -> Driver {
+    pub fn new(server: SocketAddr, user: &str, pass: &str) -> TurnClient {
         let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
         socket
             .set_read_timeout(Some(Duration::from_millis(2)))
@@ -54,7 +54,7 @@ impl Driver {
             server,
             TurnConfig::new(TurnCredentials::new(user, pass)),
         );
-        Driver {
+        TurnClient {
             client,
             socket,
             epoch: std::time::Instant::now(),
@@ -220,7 +220,7 @@ impl Driver {
 }
 
 /// Sends `n` sequenced datagrams to `peer` one per 2 ms; how many came back.
-pub fn stream(d: &mut Driver, peer: SocketAddr, tag: &str, n: u32) -> usize {
+pub fn stream(d: &mut TurnClient, peer: SocketAddr, tag: &str, n: u32) -> usize {
     let before = d.received.len();
     for seq in 0..n {
         d.send(peer, format!("{tag} {seq:04}").as_bytes());
