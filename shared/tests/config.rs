@@ -918,6 +918,7 @@ fn turn_uri_errors_name_turn_uri_and_hide_the_password() {
         "turn:user:secret@127.0.0.1",
         "turn://user:secret@127.0.0.1?transport=sctp",
         "turn://user:secret@127.0.0.1:99999",
+        "turn://user:secret@127.0.0.1:0",
         "turn://user:secret@127.0.0.1:http",
         "turn://user:secret@[::1",
         "turn://user:sec%zzret@127.0.0.1",
@@ -930,6 +931,13 @@ fn turn_uri_errors_name_turn_uri_and_hide_the_password() {
     }
     let e = parse_turn_uri("turn://127.0.0.1:3478").unwrap_err();
     assert!(e.message.contains("username/password must be set"), "{e}");
+    // Port 0 would have become 3478 in validation, whatever the scheme's default.
+    let e = parse_turn_uri("turns://user:secret@127.0.0.1:0").unwrap_err();
+    assert!(
+        e.message.contains("port 0") && e.message.contains("for 443"),
+        "{e}"
+    );
+    assert!(StunnerConfig::from_turn_uri("turn://user:secret@127.0.0.1:0").is_err());
 }
 
 #[test]

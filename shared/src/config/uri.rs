@@ -94,6 +94,13 @@ pub fn parse_turn_uri(uri: &str) -> Result<TurnUri, ConfigError> {
         DEFAULT_PORT
     };
 
+    if port == Some(0) {
+        return Err(error(format!(
+            "port 0 is no port a client can reach: give the listener's port, or leave it out \
+             for {default_port}: {FORM}"
+        )));
+    }
+
     Ok(TurnUri {
         username,
         password,
