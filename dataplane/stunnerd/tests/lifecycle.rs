@@ -25,6 +25,31 @@ fn ready(health: u16) -> Option<(u16, String)> {
     http_get(health, "/ready")
 }
 
+/// A test's config file (realm `r`) on ports of its own, and its `file://` origin.
+struct ConfigFile {
+    turn: u16,
+    health: u16,
+    metrics: u16,
+    path: std::path::PathBuf,
+    origin: String,
+}
+
+impl ConfigFile {
+    fn new(name: &str) -> ConfigFile {
+        let (turn, health, metrics) = (free_port(), free_port(), free_port());
+        let path = temp_file(name);
+        std::fs::write(&path, config(turn, health, metrics, "r")).unwrap();
+        let origin = format!("file://{}", path.display());
+        ConfigFile {
+            turn,
+            health,
+            metrics,
+            path,
+            origin,
+        }
+    }
+}
+
 /// The second field report: a draining gateway keeps every live call working, and exits as
 /// soon as the last allocation ends.
 fn drain_scenario(force_ready: bool) {
@@ -134,10 +159,13 @@ fn drain_with_force_ready_status_keeps_ready_at_200() {
 
 #[test]
 fn drain_timeout_bounds_the_wait() {
-    let (turn, health, metrics) = (free_port(), free_port(), free_port());
-    let path = temp_file("timeout.yaml");
-    std::fs::write(&path, config(turn, health, metrics, "r")).unwrap();
-    let origin = format!("file://{}", path.display());
+    let ConfigFile {
+        turn,
+        health,
+        metrics: _,
+        path,
+        origin,
+    } = ConfigFile::new("timeout.yaml");
     let mut server = Stunnerd::start(&["-c", &origin, "--drain-timeout", "1"], &[]);
     assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
@@ -157,10 +185,13 @@ fn drain_timeout_bounds_the_wait() {
 
 #[test]
 fn sigterm_without_allocations_exits_at_once() {
-    let (turn, health, metrics) = (free_port(), free_port(), free_port());
-    let path = temp_file("idle.yaml");
-    std::fs::write(&path, config(turn, health, metrics, "r")).unwrap();
-    let origin = format!("file://{}", path.display());
+    let ConfigFile {
+        turn: _,
+        health,
+        metrics: _,
+        path,
+        origin,
+    } = ConfigFile::new("idle.yaml");
     let mut server = Stunnerd::start(&["-c", &origin], &[]);
     assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
     server.signal(libc::SIGTERM);
@@ -219,10 +250,13 @@ fn sample(
 
 #[test]
 fn metrics_and_status_match_the_traffic_a_client_made() {
-    let (turn, health, metrics) = (free_port(), free_port(), free_port());
-    let path = temp_file("metrics.yaml");
-    std::fs::write(&path, config(turn, health, metrics, "r")).unwrap();
-    let origin = format!("file://{}", path.display());
+    let ConfigFile {
+        turn,
+        health,
+        metrics,
+        path,
+        origin,
+    } = ConfigFile::new("metrics.yaml");
     let _server = Stunnerd::start(&["-c", &origin], &[]);
     assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
     let peer = Peer::start();
@@ -412,10 +446,13 @@ fn not_ready_before_a_config_unless_forced() {
 /// suffix.
 #[test]
 fn log_specs_format_and_rate_limited_denials() {
-    let (turn, health, metrics) = (free_port(), free_port(), free_port());
-    let path = temp_file("logs.yaml");
-    std::fs::write(&path, config(turn, health, metrics, "r")).unwrap();
-    let origin = format!("file://{}", path.display());
+    let ConfigFile {
+        turn,
+        health,
+        metrics: _,
+        path,
+        origin,
+    } = ConfigFile::new("logs.yaml");
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
     let denied: std::net::IpAddr = "127.0.0.9".parse().unwrap();
 
@@ -479,10 +516,13 @@ fn log_specs_format_and_rate_limited_denials() {
 /// the old process exited are waited out, not taken for another process serving the port.
 #[test]
 fn a_stunnerd_restarted_at_once_after_a_kill_serves() {
-    let (turn, health, metrics) = (free_port(), free_port(), free_port());
-    let path = temp_file("restart.yaml");
-    std::fs::write(&path, config(turn, health, metrics, "r")).unwrap();
-    let origin = format!("file://{}", path.display());
+    let ConfigFile {
+        turn,
+        health,
+        metrics: _,
+        path,
+        origin,
+    } = ConfigFile::new("restart.yaml");
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
     for round in 0..5 {
         let server = Stunnerd::start(&["-c", &origin], &[]);

@@ -12,8 +12,8 @@
 //!
 //! It writes `samples.jsonl` (one line a second) and `soak.md` (the result table) to `--out`,
 //! and beside them what each client printed (`turnperf-<transport>-<segment>.json`,
-//! `uclient-tls.txt`, `uclient-dtls.txt`, the last churn run's `uclient-churn.txt`); it exits 1 if the server died, a live relay lost a packet, or a slow reader saw frames out
-//! of order. Every loop is bounded by `--duration`; every process it starts it stops by PID.
+//! `uclient-tls.txt`, `uclient-dtls.txt`, the last churn run's `uclient-churn.txt`); it exits
+//! 1 if the server died, a live relay lost a packet, or a slow reader saw frames out of order. Every loop is bounded by `--duration`; every process it starts it stops by PID.
 
 use clap::Parser;
 use std::io::{Read, Write};
@@ -75,6 +75,13 @@ struct Tally {
 /// A child process, killed and reaped when dropped.
 struct Proc(Child);
 
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A client whose stdout and stderr go to a file. Not a pipe: a pipe that is read only once
 /// the client exits fills after 64 KiB and then blocks the client in its next write (uclient
 /// prints a line a second, so a live session stopped after about 515 s).
@@ -102,13 +109,6 @@ impl Logged {
     fn output(mut self) -> String {
         let _ = self.proc.0.wait();
         std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
