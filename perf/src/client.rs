@@ -229,6 +229,23 @@ impl BenchClient {
         self.succeed(CHANNEL_BIND, &attrs, "channel bind")
     }
 
+    /// Allocates again on the same 5-tuple (after [`BenchClient::delete`]), with the nonce
+    /// the first allocation learned.
+    pub fn reallocate(&mut self) -> io::Result<()> {
+        let reply = self.request(ALLOCATE, &udp_transport, true)?;
+        let msg = Message::from_bytes(&reply).map_err(|e| other(e.to_string()))?;
+        self.relay = msg
+            .attribute::<XorRelayedAddress>()
+            .map_err(|_| {
+                other(format!(
+                    "allocate failed: {:?}",
+                    msg.attribute::<ErrorCode>().ok()
+                ))
+            })?
+            .addr(msg.transaction_id());
+        Ok(())
+    }
+
     /// Deletes the allocation (a Refresh with LIFETIME 0).
     pub fn delete(&mut self) -> io::Result<()> {
         let attrs = |m: &mut MessageWriteVec, _: TransactionId| {

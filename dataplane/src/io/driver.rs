@@ -65,8 +65,7 @@ impl Token {
 pub(super) enum Interest {
     /// A UDP socket: report it when datagrams wait.
     Datagrams,
-    /// A listening TCP socket: hand accepted connections to the shard's `accepted` (io_uring)
-    /// or report it readable so the shard accepts (epoll).
+    /// A listening TCP socket: report it readable, and the shard accepts.
     Accept,
     /// A TCP connection: report it when bytes (or end of stream) wait, and when writable
     /// while [`Driver::want_writable`] asks.
@@ -83,9 +82,7 @@ pub(super) struct Watched<W> {
 
 /// What an IO backend provides: readiness reports for the sockets a shard opens.
 pub(super) trait Driver {
-    /// Keeps a watched socket reported. Dropping it stops the reports and closes the socket,
-    /// except for streams on io_uring, whose fd lives until its task sees the shutdown the
-    /// shard issues on close.
+    /// Keeps a watched socket reported. Dropping it stops the reports and closes the socket.
     type Watch;
 
     /// Starts reporting `socket` (non-blocking) as `token`.

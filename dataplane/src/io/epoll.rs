@@ -3,13 +3,12 @@
 //! batched syscalls as the io_uring backend. Datagrams queued for clients during one wakeup go
 //! out together, one `sendmmsg` per listener socket.
 
-use super::driver::{Driver, Interest, Readiness, Token, Watched, TICK};
+use super::driver::{Driver, Interest, Readiness, Token, Watched};
 use super::shard::{Shard, ShardSetup};
 use super::sys::EpollFd;
 use socket2::Socket;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// Events taken per `epoll_wait`.
@@ -62,15 +61,10 @@ pub(super) fn run(setup: ShardSetup) -> io::Result<()> {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS];
     let mut next_tick = Instant::now();
     loop {
-        let now = Instant::now();
-        if now >= next_tick {
-            if setup.stop.load(Ordering::Relaxed) {
-                break;
-            }
-            shard.tick(&setup);
-            next_tick = now + TICK;
+        if !shard.tick_if_due(&setup, &mut next_tick) {
+            break;
         }
-        let wait = next_tick.saturating_duration_since(now);
+        let wait = next_tick.saturating_duration_since(Instant::now());
         let timeout = wait.as_millis().min(i32::MAX as u128) as i32 + 1;
         let n = match shard.driver().epoll.wait(&mut events, timeout) {
             Ok(n) => n,

@@ -15,7 +15,7 @@ use uturn_shared::snapshot::Snapshot;
 /// How to run the dataplane.
 #[derive(Clone)]
 pub struct DataplaneConfig {
-    /// Number of shards (executor threads). See [`super::usable_cpus`].
+    /// Number of shards (threads). See [`super::usable_cpus`].
     pub shards: usize,
     /// `--udp-thread-num`: SO_REUSEPORT sockets per TURN-UDP listener (0 means one), spread
     /// over the shards.
@@ -34,7 +34,7 @@ pub struct DataplaneConfig {
 
 /// A running dataplane: its shards and their published counters.
 pub struct Dataplane {
-    threads: Vec<ShardThread>,
+    threads: Vec<std::thread::JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     stats: Arc<Vec<ShardStats>>,
 }
@@ -86,33 +86,24 @@ impl Dataplane {
             let cannot = |e: &dyn std::fmt::Display| {
                 io::Error::other(format!("cannot start shard {index}: {e}"))
             };
-            let thread = match config.backend {
-                IoBackend::Uring => glommio::LocalExecutorBuilder::new(match cpu {
-                    Some(cpu) => glommio::Placement::Fixed(cpu),
-                    None => glommio::Placement::Unbound,
+            let backend = config.backend;
+            let thread = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        if let Err(e) = sys::set_cpu_affinity(cpu) {
+                            tracing::warn!(target: "stunnerd", "shard {index} not pinned to CPU {cpu}: {e}");
+                        }
+                    }
+                    let ran = match backend {
+                        IoBackend::Uring => uring::run(shard),
+                        IoBackend::Epoll => epoll::run(shard),
+                    };
+                    if let Err(e) = ran {
+                        tracing::error!(target: "stunner", "shard {index} stopped: {e}");
+                    }
                 })
-                    .name(&name)
-                    // glommio registers io_memory as fixed buffers on three rings; keep it well
-                    // under RLIMIT_MEMLOCK/4 (8 MiB on most container runtimes).
-                    .io_memory(512 << 10)
-                    .spawn(move || uring::run(shard))
-                    .map(ShardThread::Uring)
-                    .map_err(|e| cannot(&e))?,
-                IoBackend::Epoll => std::thread::Builder::new()
-                    .name(name)
-                    .spawn(move || {
-                        if let Some(cpu) = cpu {
-                            if let Err(e) = sys::set_cpu_affinity(cpu) {
-                                tracing::warn!(target: "stunnerd", "shard {index} not pinned to CPU {cpu}: {e}");
-                            }
-                        }
-                        if let Err(e) = epoll::run(shard) {
-                            tracing::error!(target: "stunner", "shard {index} stopped: {e}");
-                        }
-                    })
-                    .map(ShardThread::Epoll)
-                    .map_err(|e| cannot(&e))?,
-            };
+                .map_err(|e| cannot(&e))?;
             threads.push(thread);
         }
         Ok(Dataplane {
@@ -139,19 +130,7 @@ impl Dataplane {
     pub fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         for thread in self.threads {
-            match thread {
-                ShardThread::Uring(handle) => {
-                    let _ = handle.join();
-                }
-                ShardThread::Epoll(handle) => {
-                    let _ = handle.join();
-                }
-            }
+            let _ = thread.join();
         }
     }
-}
-
-enum ShardThread {
-    Uring(glommio::ExecutorJoinHandle<()>),
-    Epoll(std::thread::JoinHandle<()>),
 }

@@ -1,7 +1,7 @@
 //! The IO shell: one shard per usable CPU, each a single-threaded event loop that owns its
 //! SO_REUSEPORT listener sockets, the allocations made on them, their relay sockets and a
-//! [`crate::proto::Engine`]. Two IO backends drive the same shard logic: glommio (io_uring)
-//! executors, or threads waiting in epoll where io_uring is blocked ([`probe`]). The config
+//! [`crate::proto::Engine`]. Two IO backends drive the same shard logic: a thread per shard
+//! waiting on its own io_uring, or on epoll where io_uring is blocked ([`probe`]). The config
 //! arrives as an arc-swap [`uturn_shared::snapshot::Snapshot`] that every shard reads through its own
 //! `arc_swap::Cache`; nothing is locked or shared per packet.
 

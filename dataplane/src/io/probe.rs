@@ -1,15 +1,15 @@
 //! Which IO backend can run here. io_uring is often blocked in containers (RuntimeDefault
 //! seccomp profiles of containerd 2.x, Docker 25+ and CRI-O; the `kernel.io_uring_disabled`
-//! sysctl), and glommio also needs RLIMIT_MEMLOCK of at least 512 KiB.
+//! sysctl).
 
-use super::sys::{self, IO_URING_PROBE_HEADER, IO_URING_PROBE_OP};
+use super::uring::new_ring;
+use io_uring::{opcode, IoUring, Probe};
 use std::fmt;
-use std::os::fd::OwnedFd;
 
 /// What waits for the shards' sockets (`--io-engine`; not the TURN engine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoBackend {
-    /// glommio executors over io_uring.
+    /// A ring per shard thread.
     Uring,
     /// Threads waiting in epoll.
     Epoll,
@@ -24,9 +24,6 @@ impl fmt::Display for IoBackend {
     }
 }
 
-/// glommio refuses to start below this RLIMIT_MEMLOCK.
-const GLOMMIO_MEMLOCK: u64 = 512 * 1024;
-
 /// Why io_uring cannot be used here, with the fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unavailable(pub String);
@@ -37,8 +34,8 @@ impl fmt::Display for Unavailable {
     }
 }
 
-/// Checks, once, what the io_uring backend needs: the sysctl, the memlock limit, a real ring
-/// (`io_uring_setup` with four entries, closed at once) and, through `io_uring_register`'s
+/// Checks, once, what the io_uring backend needs: the sysctl, a real ring of the size the
+/// shards use (closed at once), the features it relies on and, through `io_uring_register`'s
 /// opcode probe, the operations the shards submit.
 pub fn probe_uring() -> Result<(), Unavailable> {
     let sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
@@ -52,18 +49,9 @@ pub fn probe_uring() -> Result<(), Unavailable> {
                 .into(),
         ));
     }
-    if let Some(limit) = sys::memlock_limit().filter(|&limit| limit < GLOMMIO_MEMLOCK) {
-        return Err(Unavailable(format!(
-            "RLIMIT_MEMLOCK is {} KiB and the io_uring engine needs at least {} KiB; raise the \
-             memlock limit (ulimit -l, or the container runtime's default), or use --io-engine \
-             epoll",
-            limit / 1024,
-            GLOMMIO_MEMLOCK / 1024
-        )));
-    }
     // Dropping the ring closes it.
-    let error = match sys::io_uring_setup(4) {
-        Ok(ring) => return probe_opcodes(&ring),
+    let error = match new_ring() {
+        Ok(ring) => return probe_ring(&ring),
         Err(error) => error,
     };
     Err(Unavailable(match error.raw_os_error() {
@@ -83,8 +71,8 @@ pub fn probe_uring() -> Result<(), Unavailable> {
              --io-engine epoll"
         ),
         Some(libc::ENOMEM) => format!(
-            "io_uring_setup failed with ENOMEM ({error}): raise the memlock limit, or use \
-             --io-engine epoll"
+            "io_uring_setup failed with ENOMEM ({error}): kernels before 5.12 charge rings to \
+             RLIMIT_MEMLOCK; raise the memlock limit, or use --io-engine epoll"
         ),
         _ => format!("io_uring_setup failed ({error}); use --io-engine epoll"),
     }))
@@ -119,39 +107,42 @@ pub fn select(choice: BackendChoice) -> Result<(IoBackend, String), Unavailable>
     }
 }
 
-/// The io_uring operations glommio submits for the shards: poll, recvmsg (UDP peek), timeout,
-/// accept, cancel, recv (TCP peek), by their `IORING_OP_*` numbers.
-const NEEDED_OPS: [(u8, &str); 6] = [
-    (6, "POLL_ADD"),
-    (10, "RECVMSG"),
-    (11, "TIMEOUT"),
-    (13, "ACCEPT"),
-    (14, "ASYNC_CANCEL"),
-    (27, "RECV"),
+/// The io_uring operations the shards submit, with their names for the error.
+const NEEDED_OPS: [(u8, &str); 2] = [
+    (opcode::PollAdd::CODE, "POLL_ADD"),
+    (opcode::PollRemove::CODE, "POLL_REMOVE"),
 ];
 
-/// Asks `ring` which operations the kernel supports (`IORING_REGISTER_PROBE`); an error
-/// names the first missing one, or says that `io_uring_register` itself is refused.
-fn probe_opcodes(ring: &OwnedFd) -> Result<(), Unavailable> {
-    const OPS: usize = 64;
-    // struct io_uring_probe: last_op u8, ops_len u8, resv u16, resv2 [u32; 3], then OPS
-    // entries of struct io_uring_probe_op (op u8, resv u8, flags u16, resv2 u32).
-    let mut probe = [0u8; IO_URING_PROBE_HEADER + OPS * IO_URING_PROBE_OP];
-    if let Err(error) = sys::io_uring_register_probe(ring, &mut probe) {
+/// Checks that `ring` waits with a timeout in one call (`IORING_FEAT_EXT_ARG`, Linux 5.11)
+/// and keeps completions that overflow (`IORING_FEAT_NODROP`), and asks the kernel which
+/// operations it supports (`IORING_REGISTER_PROBE`); an error names what is missing, or says
+/// that `io_uring_register` itself is refused.
+fn probe_ring(ring: &IoUring) -> Result<(), Unavailable> {
+    let params = ring.params();
+    for (has, name) in [
+        (
+            params.is_feature_ext_arg(),
+            "IORING_FEAT_EXT_ARG (Linux 5.11)",
+        ),
+        (params.is_feature_nodrop(), "IORING_FEAT_NODROP (Linux 5.5)"),
+    ] {
+        if !has {
+            return Err(Unavailable(format!(
+                "the kernel's io_uring lacks {name}, which the io_uring engine needs; use a \
+                 newer kernel, or --io-engine epoll"
+            )));
+        }
+    }
+    let mut probe = Probe::new();
+    if let Err(error) = ring.submitter().register_probe(&mut probe) {
         return Err(Unavailable(format!(
             "io_uring_register failed ({error}): a seccomp profile allows io_uring_setup but \
              not io_uring_register; allow io_uring_setup, io_uring_enter and io_uring_register \
              (deploy/ has such a profile), or use --io-engine epoll"
         )));
     }
-    let ops_len = usize::from(probe[1]).min(OPS);
     for (op, name) in NEEDED_OPS {
-        let supported = (0..ops_len).any(|i| {
-            let at = IO_URING_PROBE_HEADER + i * IO_URING_PROBE_OP;
-            let entry = &probe[at..at + IO_URING_PROBE_OP];
-            entry[0] == op && u16::from_ne_bytes([entry[2], entry[3]]) & 1 != 0
-        });
-        if !supported {
+        if !probe.is_supported(op) {
             return Err(Unavailable(format!(
                 "the kernel's io_uring lacks IORING_OP_{name}, which the io_uring engine \
                  needs; use a newer kernel, or --io-engine epoll"

@@ -69,14 +69,6 @@ pub(super) fn shutdown(fd: RawFd) {
     unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
 }
 
-/// A duplicate of `fd` (close-on-exec) as a socket of its own.
-pub(super) fn duplicate(fd: RawFd) -> io::Result<Socket> {
-    // SAFETY: plain syscall on an open fd; the result is checked.
-    let copy = check(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })?;
-    // SAFETY: a new fd that nothing else owns.
-    Ok(unsafe { Socket::from_raw_fd(copy) })
-}
-
 /// One non-blocking `recv` on stream `fd`.
 pub(super) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: `buf` is valid for writes of its length; MSG_DONTWAIT never blocks.
@@ -180,50 +172,4 @@ impl EpollFd {
         })?;
         Ok(n as usize)
     }
-}
-
-/// RLIMIT_MEMLOCK's soft limit in bytes; `None` when unlimited or unknown.
-pub(super) fn memlock_limit() -> Option<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is valid for the call.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
-    (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
-}
-
-/// A new io_uring with `entries` entries and default parameters (closed on drop).
-pub(super) fn io_uring_setup(entries: u32) -> io::Result<OwnedFd> {
-    // struct io_uring_params is 120 bytes; all-zero asks for defaults.
-    let mut params = [0u8; 120];
-    // SAFETY: io_uring_setup(entries, params) with a zeroed params buffer of the right size.
-    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, entries, params.as_mut_ptr()) };
-    let fd = check(fd as libc::c_int)?;
-    // SAFETY: a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Size of `struct io_uring_probe` without its entries; each `struct io_uring_probe_op` after
-/// it takes [`IO_URING_PROBE_OP`] bytes.
-pub(super) const IO_URING_PROBE_HEADER: usize = 16;
-/// Size of one `struct io_uring_probe_op`.
-pub(super) const IO_URING_PROBE_OP: usize = 8;
-
-/// `IORING_REGISTER_PROBE` on `ring`: fills `probe` (a `struct io_uring_probe` with as many
-/// entries as fit) with the operations the kernel supports.
-pub(super) fn io_uring_register_probe(ring: &OwnedFd, probe: &mut [u8]) -> io::Result<()> {
-    const IORING_REGISTER_PROBE: libc::c_uint = 8;
-    let entries = probe.len().saturating_sub(IO_URING_PROBE_HEADER) / IO_URING_PROBE_OP;
-    // SAFETY: the buffer holds the header and `entries` entries, as nr_args says.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_io_uring_register,
-            ring.as_raw_fd(),
-            IORING_REGISTER_PROBE,
-            probe.as_mut_ptr(),
-            entries as libc::c_uint,
-        )
-    };
-    check(rc as libc::c_int).map(drop)
 }

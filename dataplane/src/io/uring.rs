@@ -1,226 +1,365 @@
-//! The io_uring backend: one glommio executor per shard. Each socket has a task that waits for
-//! it to become readable (a one-byte `MSG_PEEK` through the ring, which glommio first tries as
-//! a plain non-blocking call) and then lets the shard drain it with `recvmmsg`. TCP listeners
-//! accept through the ring and hand the shard each connection; a connection's task waits with
-//! a one-byte peek (which also sees end of stream) and lets the shard read it.
+//! The io_uring backend: one ring per shard thread, used as a readiness notifier. Each watched
+//! socket has a one-shot `POLL_ADD` in the ring; when it completes, the shard reads the socket
+//! with its batched syscalls (`recvmmsg`, `accept4`, `read`) and the poll is armed again in the
+//! same `io_uring_enter` that waits for the next completions, so a wakeup costs one syscall
+//! however many sockets were ready. A one-shot poll armed on a socket that still holds data
+//! completes at once, which gives the same level-triggered contract as the epoll backend.
+//!
+//! A socket's poll holds a reference to it in the kernel: closing the fd alone would leave the
+//! socket (and its port) open until the poll completed. Dropping a [`UringWatch`] therefore
+//! removes its polls (`POLL_REMOVE`, submitted at once) before the fd is closed.
 
-use super::driver::{Driver, Interest, Readiness, Token, Watched, TICK};
+use super::driver::{Driver, Interest, Readiness, Token, Watched};
 use super::shard::{Shard, ShardSetup};
-use super::sys;
-use crate::proto::ListenerId;
-use glommio::net::{TcpListener, TcpStream, UdpSocket};
-use glommio::{spawn_local, Task};
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use socket2::Socket;
 use std::cell::RefCell;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
-use std::rc::{Rc, Weak};
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::os::fd::{AsRawFd, RawFd};
+use std::rc::Rc;
+use std::time::Instant;
 
-pub(super) struct Uring {
-    shard: Weak<RefCell<Shard<Uring>>>,
+/// Submission queue entries per ring (the completion queue has twice as many; the kernel
+/// keeps completions that do not fit instead of dropping them).
+pub(super) const RING_ENTRIES: u32 = 1024;
+
+/// The `user_data` of requests whose completions mean nothing (poll removals).
+const IGNORED: u64 = u64::MAX;
+/// Marks a writability poll's `user_data`.
+const WRITE: u64 = 1 << 63;
+
+/// What a watched socket is polled for.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    token: Token,
+    /// Tells a completion for this socket from one for an earlier socket with the same fd.
+    generation: u32,
+    readable_mask: u32,
+    read_armed: bool,
+    write_armed: bool,
+    /// Waiting in this wakeup's list for the shard (so it is handed over once).
+    queued: bool,
 }
 
-/// A watched socket's task.
-pub(super) enum Watch {
-    /// Cancelled (closing the socket) when dropped.
-    Task(#[allow(dead_code)] Task<()>),
-    /// A stream's task, which ends by itself once the shard has shut the connection down.
-    Detached,
+/// The ring and the sockets it watches, indexed by fd.
+struct Ring {
+    ring: IoUring,
+    watched: Vec<Option<Entry>>,
+    next_generation: u32,
+}
+
+impl Ring {
+    fn entry(&mut self, fd: RawFd, generation: u32) -> Option<&mut Entry> {
+        self.watched
+            .get_mut(usize::try_from(fd).ok()?)?
+            .as_mut()
+            .filter(|e| e.generation == generation)
+    }
+
+    /// Queues `entry` (waiting for the next submit; submits first if the queue is full).
+    fn push(&mut self, entry: &squeue::Entry) {
+        loop {
+            // SAFETY: the entries are polls and poll removals, which point at no memory of ours.
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                return;
+            }
+            if let Err(e) = self.ring.submit() {
+                if !transient(&e) {
+                    tracing::warn!(target: "stunner", "io_uring submit failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Arms the one-shot readability poll of `fd`, unless it is armed or gone.
+    fn arm_read(&mut self, fd: RawFd, generation: u32) {
+        let Some(entry) = self.entry(fd, generation) else {
+            return;
+        };
+        if entry.read_armed {
+            return;
+        }
+        entry.read_armed = true;
+        let mask = entry.readable_mask;
+        let poll = opcode::PollAdd::new(types::Fd(fd), mask)
+            .build()
+            .user_data(user_data(fd, generation, false));
+        self.push(&poll);
+    }
+
+    /// Arms the one-shot writability poll of `fd`, unless it is armed or gone.
+    fn arm_write(&mut self, fd: RawFd) {
+        let Some(entry) = self
+            .watched
+            .get_mut(usize::try_from(fd).unwrap_or(usize::MAX))
+            .and_then(Option::as_mut)
+        else {
+            return;
+        };
+        if entry.write_armed {
+            return;
+        }
+        entry.write_armed = true;
+        let generation = entry.generation;
+        let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLOUT as u32)
+            .build()
+            .user_data(user_data(fd, generation, true));
+        self.push(&poll);
+    }
+
+    /// Stops watching `fd`: removes its polls, in the kernel before this returns.
+    fn forget(&mut self, fd: RawFd, generation: u32) {
+        let Some(slot) = usize::try_from(fd)
+            .ok()
+            .and_then(|i| self.watched.get_mut(i))
+        else {
+            return;
+        };
+        let Some(entry) = slot.take_if(|e| e.generation == generation) else {
+            return;
+        };
+        let mut removed = false;
+        for (armed, write) in [(entry.read_armed, false), (entry.write_armed, true)] {
+            if armed {
+                let remove = opcode::PollRemove::new(user_data(fd, generation, write))
+                    .build()
+                    .user_data(IGNORED);
+                self.push(&remove);
+                removed = true;
+            }
+        }
+        if removed {
+            if let Err(e) = self.ring.submit() {
+                tracing::warn!(target: "stunner", "io_uring submit failed: {e}");
+            }
+        }
+    }
+}
+
+fn user_data(fd: RawFd, generation: u32, write: bool) -> u64 {
+    let data = (u64::from(generation & 0x7fff_ffff) << 32) | u64::from(fd as u32);
+    if write {
+        data | WRITE
+    } else {
+        data
+    }
+}
+
+/// The fd, generation and direction in a completion's `user_data`.
+fn from_user_data(data: u64) -> (RawFd, u32, bool) {
+    (
+        data as u32 as RawFd,
+        ((data >> 32) as u32) & 0x7fff_ffff,
+        data & WRITE != 0,
+    )
+}
+
+/// Errors of `io_uring_enter` after which the loop just goes on.
+fn transient(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY | libc::ETIME)
+    )
+}
+
+pub(super) struct Uring {
+    ring: Rc<RefCell<Ring>>,
+}
+
+/// A watched socket: dropping it removes its polls, then closes it.
+pub(super) struct UringWatch {
+    ring: Rc<RefCell<Ring>>,
+    fd: RawFd,
+    generation: u32,
+    /// Closed after the polls are gone (fields drop after `drop` runs).
+    _socket: Socket,
+}
+
+impl Drop for UringWatch {
+    fn drop(&mut self) {
+        if let Ok(mut ring) = self.ring.try_borrow_mut() {
+            ring.forget(self.fd, self.generation);
+        }
+    }
 }
 
 impl Driver for Uring {
-    type Watch = Watch;
+    type Watch = UringWatch;
 
     fn watch(
         &self,
         socket: Socket,
         token: Token,
         interest: Interest,
-    ) -> io::Result<Watched<Watch>> {
+    ) -> io::Result<Watched<UringWatch>> {
         let fd = socket.as_raw_fd();
-        let shard = self.shard.clone();
-        // SAFETY (all three): the fd comes from a socket we own and hand over; glommio closes
-        // it when its task ends or is dropped.
-        let watch = match (interest, token) {
-            (Interest::Accept, Token::Listener { id, .. }) => {
-                let listener = unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) };
-                Watch::Task(spawn_local(accept(shard, listener, fd, id)))
-            }
-            (Interest::Stream, _) => {
-                let stream = unsafe { TcpStream::from_raw_fd(socket.into_raw_fd()) };
-                spawn_local(watch_stream(shard, stream, token)).detach();
-                Watch::Detached
-            }
-            _ => {
-                let socket = unsafe { UdpSocket::from_raw_fd(socket.into_raw_fd()) };
-                Watch::Task(spawn_local(watch(shard, socket, token)))
-            }
-        };
-        Ok(Watched { fd, watch })
-    }
-
-    fn want_writable(&self, _fd: RawFd, token: Token, on: bool) {
-        if !on {
-            return;
+        let index = usize::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+        let readable_mask = match interest {
+            Interest::Datagrams | Interest::Accept => libc::POLLIN,
+            Interest::Stream => libc::POLLIN | libc::POLLRDHUP,
+        } as u32;
+        let mut ring = self.ring.borrow_mut();
+        let generation = ring.next_generation;
+        ring.next_generation = generation.wrapping_add(1) & 0x7fff_ffff;
+        if ring.watched.len() <= index {
+            ring.watched.resize(index + 1, None);
         }
-        // glommio has no public writability wait: retry every millisecond while bytes are
-        // queued (only a client that reads slower than it is sent to gets here).
-        let shard = self.shard.clone();
-        spawn_local(async move {
-            loop {
-                glommio::timer::sleep(Duration::from_millis(1)).await;
-                let Some(shard) = shard.upgrade() else {
-                    return;
-                };
-                let mut s = lock(&shard).await;
-                if !s.write_pending(token) {
-                    return;
-                }
-                let _ = s.readable(token);
-                s.flush();
-            }
-        })
-        .detach();
-    }
-}
-
-/// The shard, once whoever holds it lets go: a task spawned while the shard is borrowed runs
-/// at once, and its socket may already be ready.
-async fn lock(shard: &RefCell<Shard<Uring>>) -> std::cell::RefMut<'_, Shard<Uring>> {
-    loop {
-        if let Ok(s) = shard.try_borrow_mut() {
-            return s;
-        }
-        YieldNow { yielded: false }.await;
-    }
-}
-
-/// Lets every other ready task run once.
-struct YieldNow {
-    /// Whether it has already let the others run (then it is done).
-    yielded: bool,
-}
-
-impl std::future::Future for YieldNow {
-    type Output = ();
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        if self.yielded {
-            return std::task::Poll::Ready(());
-        }
-        self.yielded = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    }
-}
-
-/// Accepts connections on a TCP listener (whose fd is `listener_fd`) and hands each to the
-/// shard.
-async fn accept(
-    shard: Weak<RefCell<Shard<Uring>>>,
-    listener: TcpListener,
-    listener_fd: RawFd,
-    id: ListenerId,
-) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok(stream) => stream,
-            Err(e) => {
-                let Some(shard) = shard.upgrade() else {
-                    return;
-                };
-                let error = std::io::Error::from(e);
-                let refused = lock(&shard).await.accept_failed(listener_fd, &error);
-                if !refused {
-                    // Back off rather than spin.
-                    glommio::timer::sleep(Duration::from_millis(10)).await;
-                }
-                continue;
-            }
-        };
-        // glommio's stream cannot give its fd up: the shard gets a duplicate, and glommio's
-        // copy is closed (the connection stays open through the duplicate).
-        let duplicate = sys::duplicate(stream.as_raw_fd());
-        drop(stream);
-        let Ok(socket) = duplicate else {
-            continue;
-        };
-        let Some(shard) = shard.upgrade() else {
-            return;
-        };
-        lock(&shard).await.accepted(id, socket);
-    }
-}
-
-/// Waits for a connection's bytes (or its end) and lets the shard read; ends when the shard
-/// has closed it.
-async fn watch_stream(shard: Weak<RefCell<Shard<Uring>>>, stream: TcpStream, token: Token) {
-    let mut probe = [0u8; 1];
-    loop {
-        // Data, end of stream and errors all wake it: the shard's read tells them apart.
-        let peeked = stream.peek(&mut probe).await;
-        let Some(shard) = shard.upgrade() else {
-            return;
-        };
-        let readiness = {
-            let mut s = lock(&shard).await;
-            let readiness = s.readable(token);
-            s.flush();
-            readiness
-        };
-        match readiness {
-            Readiness::Closed => return,
-            Readiness::More => glommio::yield_if_needed().await,
-            Readiness::Drained if peeked.is_err() => {
-                glommio::timer::sleep(Duration::from_millis(1)).await
-            }
-            Readiness::Drained => {}
-        }
-    }
-}
-
-async fn watch(shard: Weak<RefCell<Shard<Uring>>>, socket: UdpSocket, token: Token) {
-    let mut probe = [0u8; 1];
-    // glommio runs a task as soon as it is spawned, while the shard is still borrowed by
-    // whoever opened the socket: wait for data before touching the shard.
-    let mut readiness = Readiness::Drained;
-    loop {
-        match readiness {
-            Readiness::More => glommio::yield_if_needed().await,
-            Readiness::Drained | Readiness::Closed => {
-                if socket.peek_from(&mut probe).await.is_err() {
-                    // Nothing on the wire can make this spin: back off a little.
-                    glommio::timer::sleep(Duration::from_millis(1)).await;
-                }
-            }
-        }
-        let Some(shard) = shard.upgrade() else {
-            return;
-        };
-        let mut s = lock(&shard).await;
-        readiness = s.readable(token);
-        s.flush();
-    }
-}
-
-pub(super) async fn run(setup: ShardSetup) {
-    let shard = Rc::new_cyclic(|weak| {
-        RefCell::new(Shard::new(
-            &setup,
-            Uring {
-                shard: weak.clone(),
+        ring.watched[index] = Some(Entry {
+            token,
+            generation,
+            readable_mask,
+            read_armed: false,
+            write_armed: false,
+            queued: false,
+        });
+        ring.arm_read(fd, generation);
+        Ok(Watched {
+            fd,
+            watch: UringWatch {
+                ring: self.ring.clone(),
+                fd,
+                generation,
+                _socket: socket,
             },
-        ))
-    });
-    while !setup.stop.load(Ordering::Relaxed) {
-        shard.borrow_mut().tick(&setup);
-        glommio::timer::sleep(TICK).await;
+        })
     }
-    // Dropping the tasks cancels them and closes every socket.
-    shard.borrow_mut().shutdown(&setup.stats[setup.index]);
+
+    fn want_writable(&self, fd: RawFd, _token: Token, on: bool) {
+        // A poll left armed after the bytes went out costs one spurious report, which the
+        // shard's read handles; removing it would cost a syscall every time.
+        if on {
+            self.ring.borrow_mut().arm_write(fd);
+        }
+    }
+}
+
+/// A socket to hand to the shard: its fd and generation (to re-arm its poll) and token.
+#[derive(Debug, Clone, Copy)]
+struct Ready {
+    fd: RawFd,
+    generation: u32,
+    token: Token,
+}
+
+/// A shard's ring. Completions are processed only when the shard asks for them (deferred task
+/// work, Linux 6.1) and never interrupt it (cooperative task work, 5.19), so a busy shard is
+/// not preempted for every packet that arrives; older kernels get a plain ring.
+pub(super) fn new_ring() -> io::Result<IoUring> {
+    let mut error = None;
+    for tuning in [Tuning::Deferred, Tuning::Cooperative, Tuning::Plain] {
+        let mut builder = IoUring::builder();
+        match tuning {
+            Tuning::Deferred => {
+                builder
+                    .setup_single_issuer()
+                    .setup_defer_taskrun()
+                    .setup_coop_taskrun()
+                    .setup_taskrun_flag();
+            }
+            Tuning::Cooperative => {
+                builder.setup_coop_taskrun().setup_taskrun_flag();
+            }
+            Tuning::Plain => {}
+        }
+        match builder.build(RING_ENTRIES) {
+            Ok(ring) => return Ok(ring),
+            // An older kernel refuses flags it does not know.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => error = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(error.unwrap_or_else(|| io::Error::from_raw_os_error(libc::EINVAL)))
+}
+
+#[derive(Clone, Copy)]
+enum Tuning {
+    Deferred,
+    Cooperative,
+    Plain,
+}
+
+pub(super) fn run(setup: ShardSetup) -> io::Result<()> {
+    let ring = new_ring()?;
+    let ring = Rc::new(RefCell::new(Ring {
+        ring,
+        watched: Vec::new(),
+        next_generation: 0,
+    }));
+    let mut shard = Shard::new(&setup, Uring { ring: ring.clone() });
+    let mut completions: Vec<u64> = Vec::with_capacity(RING_ENTRIES as usize);
+    let mut ready: Vec<Ready> = Vec::with_capacity(RING_ENTRIES as usize);
+    // Sockets the shard left with data (it serves the others before coming back).
+    let mut more: Vec<Ready> = Vec::new();
+    let mut next_tick = Instant::now();
+    loop {
+        if !shard.tick_if_due(&setup, &mut next_tick) {
+            break;
+        }
+        {
+            let mut ring = ring.borrow_mut();
+            let result = if more.is_empty() {
+                let wait = next_tick.saturating_duration_since(Instant::now());
+                let timeout = types::Timespec::from(wait);
+                let args = types::SubmitArgs::new().timespec(&timeout);
+                ring.ring.submitter().submit_with_args(1, &args)
+            } else {
+                ring.ring.submit()
+            };
+            if let Err(error) = result {
+                if !transient(&error) {
+                    return Err(error);
+                }
+            }
+            completions.clear();
+            completions.extend(ring.ring.completion().map(|c: cqueue::Entry| c.user_data()));
+            ready.clear();
+            for &data in &completions {
+                if data == IGNORED {
+                    continue;
+                }
+                let (fd, generation, write) = from_user_data(data);
+                let Some(entry) = ring.entry(fd, generation) else {
+                    continue;
+                };
+                if write {
+                    entry.write_armed = false;
+                } else {
+                    entry.read_armed = false;
+                }
+                // Any completion of a live socket's poll, errors included, lets the shard
+                // look: its read tells what happened, and the poll is armed again.
+                if !entry.queued {
+                    entry.queued = true;
+                    ready.push(Ready {
+                        fd,
+                        generation,
+                        token: entry.token,
+                    });
+                }
+            }
+        }
+        // Those the shard left with data were queued already.
+        ready.append(&mut more);
+        for r in ready.drain(..) {
+            match ring.borrow_mut().entry(r.fd, r.generation) {
+                Some(entry) => entry.queued = false,
+                // Closed meanwhile (its fd may already serve another socket).
+                None => continue,
+            }
+            match shard.readable(r.token) {
+                Readiness::More => {
+                    if let Some(entry) = ring.borrow_mut().entry(r.fd, r.generation) {
+                        entry.queued = true;
+                        more.push(r);
+                    }
+                }
+                Readiness::Drained => ring.borrow_mut().arm_read(r.fd, r.generation),
+                Readiness::Closed => {}
+            }
+        }
+        shard.flush();
+    }
+    shard.shutdown(&setup.stats[setup.index]);
+    Ok(())
 }

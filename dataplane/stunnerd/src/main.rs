@@ -120,7 +120,7 @@ struct Cli {
 enum IoBackendFlag {
     // io_uring where the probe passes, else epoll.
     Auto,
-    // io_uring (glommio), or exit 1 naming why it cannot run.
+    // io_uring, or exit 1 naming why it cannot run.
     Uring,
     // epoll readiness, for hosts whose seccomp profile blocks io_uring.
     Epoll,
@@ -389,7 +389,7 @@ fn main() -> ExitCode {
         "dataplane: {} shard(s) on {}, {} UDP socket(s) per TURN-UDP listener",
         shards,
         match backend {
-            IoBackend::Uring => "io_uring (glommio)",
+            IoBackend::Uring => "io_uring",
             IoBackend::Epoll => "epoll",
         },
         cli.udp_thread_num.max(1)

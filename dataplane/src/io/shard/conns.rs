@@ -200,14 +200,6 @@ impl<W> ConnTable<W> {
             .is_some_and(|c| c.generation == generation)
     }
 
-    /// Whether connection `slot` of `generation` still has bytes queued.
-    pub(super) fn write_pending(&self, slot: u32, generation: u16) -> bool {
-        self.slots
-            .get(slot as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|c| c.generation == generation && c.pending() > 0)
-    }
-
     /// Bytes connection `slot` has queued.
     pub(super) fn pending(&self, slot: u32) -> usize {
         self.slots
@@ -332,7 +324,7 @@ impl<W> ConnTable<W> {
         if let Some(why) = why {
             tracing::debug!(target: "stunner", "connection from {} closed: {why:?}", conn.client);
         }
-        // Wakes an io_uring watcher (which then closes the fd); epoll's watch closes it on drop.
+        // The peer sees the end at once; dropping the watch closes the fd.
         sys::shutdown(conn.fd);
         self.free.push(slot);
         drop(conn);

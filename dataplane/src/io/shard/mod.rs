@@ -26,7 +26,7 @@ mod relays;
 mod snapshots;
 
 use super::admission::StreamAdmission;
-use super::driver::{Driver, Readiness, Token};
+use super::driver::{Driver, Readiness, Token, TICK};
 use super::groups::ListenerGroups;
 use super::metrics::ShardStats;
 use super::socket::{canonical, for_socket};
@@ -158,6 +158,20 @@ impl<D: Driver> Shard<D> {
         );
     }
 
+    /// Ticks if `next_tick` has passed (and sets the next one); false once the shard is told
+    /// to stop. The backends call it on every wakeup.
+    pub(super) fn tick_if_due(&mut self, setup: &ShardSetup, next_tick: &mut Instant) -> bool {
+        let now = Instant::now();
+        if now >= *next_tick {
+            if setup.stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            self.tick(setup);
+            *next_tick = now + TICK;
+        }
+        true
+    }
+
     /// Closes every socket.
     pub(super) fn shutdown(&mut self, stats: &ShardStats) {
         for slot in self.conns.slots() {
@@ -216,14 +230,6 @@ impl<D: Driver> Shard<D> {
         }
     }
 
-    /// Whether stream `token` still has bytes queued (io_uring polls for writability with it).
-    pub(super) fn write_pending(&self, token: Token) -> bool {
-        match token {
-            Token::Conn { slot, generation } => self.conns.write_pending(slot, generation),
-            _ => false,
-        }
-    }
-
     /// Sends every queued datagram and writes what connections have queued.
     pub(super) fn flush(&mut self) {
         self.datagrams.flush_to_peers(&mut self.counters);
@@ -240,8 +246,7 @@ impl<D: Driver> Shard<D> {
         }
     }
 
-    /// Accepts what waits on stream listener `id`'s socket `n` (epoll; io_uring accepts
-    /// itself and calls [`Shard::accepted`]).
+    /// Accepts what waits on stream listener `id`'s socket `n`.
     fn accept_ready(&mut self, id: ListenerId, n: usize) -> Readiness {
         let Some(fd) = self.listeners.get(id).and_then(|l| l.socket_fd(n)) else {
             return Readiness::Drained;
@@ -267,13 +272,13 @@ impl<D: Driver> Shard<D> {
 
     /// An accept on `listener_fd` failed with `error`: logs it (rate-limited) and, out of
     /// descriptors, refuses one waiting connection. True if one was refused (accept again).
-    pub(super) fn accept_failed(&mut self, listener_fd: RawFd, error: &io::Error) -> bool {
+    fn accept_failed(&mut self, listener_fd: RawFd, error: &io::Error) -> bool {
         self.conns
             .accept_failed(listener_fd, error, &mut self.resource_log)
     }
 
     /// Takes a connection accepted on stream listener `id`.
-    pub(super) fn accepted(&mut self, id: ListenerId, socket: socket2::Socket) {
+    fn accepted(&mut self, id: ListenerId, socket: socket2::Socket) {
         let Some(listener) = self.listeners.get(id) else {
             return;
         };
