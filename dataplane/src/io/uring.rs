@@ -25,6 +25,8 @@ pub(super) const RING_ENTRIES: u32 = 1024;
 
 /// The `user_data` of requests whose completions mean nothing (poll removals).
 const IGNORED: u64 = u64::MAX;
+/// `io_uring_enter`'s flag to reap completions (and run deferred task work).
+const IORING_ENTER_GETEVENTS: u32 = 1;
 /// Marks a writability poll's `user_data`.
 const WRITE: u64 = 1 << 63;
 
@@ -130,7 +132,21 @@ impl Ring {
             }
         }
         if removed {
-            if let Err(e) = self.ring.submit() {
+            // Submits the removals and runs the task work that completes the removed polls
+            // (deferred until a GETEVENTS enter), which drops their hold on the socket: the
+            // fd closed after this closes the socket itself, and a listener reopened on the
+            // same port at once finds it free.
+            let pending = self.ring.submission().len() as u32;
+            // SAFETY: no wait argument; the queued entries were pushed through `push`.
+            let entered = unsafe {
+                self.ring.submitter().enter::<libc::sigset_t>(
+                    pending,
+                    0,
+                    IORING_ENTER_GETEVENTS,
+                    None,
+                )
+            };
+            if let Err(e) = entered {
                 tracing::warn!(target: "stunner", "io_uring submit failed: {e}");
             }
         }
