@@ -17,7 +17,9 @@
 # outrun a fast server; every server still receives separate datagrams), BURST (1: paced runs
 # send this many datagrams per allocation back to back when due, as a video frame leaves a
 # media server), TRANSPORT (udp or tcp: the clients' transport; tcp leaves out plain, which is
-# UDP only), OUT (target/compare). Every loop is bounded by these counts;
+# UDP only), SOURCES (1: UDP clients allocate from 127.0.0.1 to 127.0.0.SOURCES in turn, so
+# that thousands of allocations are not paced by a server's per-source challenge limit), OUT
+# (target/compare). Every loop is bounded by these counts;
 # every server is started and stopped by this script, by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +38,7 @@ GSO=${GSO:-0}
 LATENCY=${LATENCY:-0}
 BURST=${BURST:-1}
 TRANSPORT=${TRANSPORT:-udp}
+SOURCES=${SOURCES:-1}
 if [ "$TRANSPORT" = tcp ] && [ -z "${SERVERS_SET:-}" ]; then
   SERVERS=${SERVERS//plain/}
 fi
@@ -138,6 +141,7 @@ measure() {
 }
 
 opts=(--transport "$TRANSPORT" --burst "$BURST")
+[ "$SOURCES" != 1 ] && opts+=(--sources "$SOURCES")
 [ "$GSO" = 1 ] && opts+=(--gso)
 find=("${opts[@]}")
 [ "$FIND_MAX" = 1 ] && find+=(--find-max --max-loss "$MAX_LOSS")

@@ -126,10 +126,25 @@ impl BenchClient {
         pass: &str,
         tcp: bool,
     ) -> io::Result<BenchClient> {
+        BenchClient::allocate_from(server, None, user, pass, tcp)
+    }
+
+    /// [`BenchClient::allocate_over`] from source address `source` (UDP only; `None`: the
+    /// loopback address of the server's family).
+    pub fn allocate_from(
+        server: SocketAddr,
+        source: Option<std::net::IpAddr>,
+        user: &str,
+        pass: &str,
+        tcp: bool,
+    ) -> io::Result<BenchClient> {
+        if tcp && source.is_some() {
+            return Err(other("a source address is for UDP clients only".into()));
+        }
         let mut tries = 0;
         loop {
             tries += 1;
-            match BenchClient::allocate_once(server, user, pass, tcp) {
+            match BenchClient::allocate_once(server, source, user, pass, tcp) {
                 Err(e) if tries < 3 && e.kind() == io::ErrorKind::AddrInUse => continue,
                 result => return result,
             }
@@ -138,6 +153,7 @@ impl BenchClient {
 
     fn allocate_once(
         server: SocketAddr,
+        source: Option<std::net::IpAddr>,
         user: &str,
         pass: &str,
         tcp: bool,
@@ -148,12 +164,12 @@ impl BenchClient {
             stream.set_read_timeout(Some(Duration::from_secs(2)))?;
             Link::Tcp(stream)
         } else {
-            let local = if server.is_ipv4() {
-                "127.0.0.1:0"
-            } else {
-                "[::1]:0"
+            let local: std::net::IpAddr = match source {
+                Some(ip) => ip,
+                None if server.is_ipv4() => std::net::Ipv4Addr::LOCALHOST.into(),
+                None => std::net::Ipv6Addr::LOCALHOST.into(),
             };
-            let socket = UdpSocket::bind(local)?;
+            let socket = UdpSocket::bind((local, 0))?;
             roomy(&socket);
             socket.connect(server)?;
             socket.set_read_timeout(Some(Duration::from_secs(2)))?;

@@ -110,6 +110,9 @@ pub struct LoadConfig {
     /// Paced runs send this many datagrams per allocation back to back when they are due
     /// (1 to 16; a video frame is a burst like this), as one GSO message with `gso`.
     pub burst: usize,
+    /// Source addresses the UDP clients bind, in turn (empty: the loopback address). Many
+    /// allocations from one address meet the server's per-source challenge limit.
+    pub sources: Vec<IpAddr>,
 }
 
 /// The allocations and the peer, ready for runs.
@@ -175,8 +178,10 @@ pub fn setup(config: &LoadConfig) -> io::Result<Setup> {
             break;
         }
         let (user, pass) = config.auth.credentials();
-        let mut client = BenchClient::allocate_over(config.server, &user, &pass, config.tcp)
-            .map_err(|e| io::Error::other(format!("allocation {i}: {e}")))?;
+        let source = (!config.sources.is_empty()).then(|| config.sources[i % config.sources.len()]);
+        let mut client =
+            BenchClient::allocate_from(config.server, source, &user, &pass, config.tcp)
+                .map_err(|e| io::Error::other(format!("allocation {i}: {e}")))?;
         client
             .create_permission(peer_addr)
             .map_err(|e| io::Error::other(format!("allocation {i}: {e}")))?;

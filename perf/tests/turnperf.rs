@@ -248,3 +248,32 @@ fn plain_mode_relays_through_udprelay_both_ways() {
         assert_delivered(&doc, dir, 2000..=2600);
     }
 }
+
+/// `--sources N` spreads the UDP clients over 127.0.0.1 to 127.0.0.N (so thousands of
+/// allocations are not paced by a server's per-source challenge limit) and still relays;
+/// a server it cannot reach from those addresses is refused with exit 2.
+#[test]
+fn sources_spread_the_clients_over_loopback_addresses() {
+    let (server, port) = coturn();
+    let addr = format!("127.0.0.1:{port}");
+    let (code, out, err) = turnperf(&[
+        &addr,
+        "-n",
+        "8",
+        "-r",
+        "100",
+        "-d",
+        "1",
+        "--sources",
+        "4",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["allocations"], 8);
+    assert_delivered(&doc, "up", 700..=900);
+    let (code, _, err) = turnperf(&[&format!("[::1]:{port}"), "--sources", "4", "-d", "1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("needs an IPv4 loopback server"), "{err}");
+    drop(server);
+}

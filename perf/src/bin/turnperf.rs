@@ -54,6 +54,11 @@ struct Cli {
     /// Address the built-in peer binds (must be in a routed cluster).
     #[arg(long, default_value = "127.0.0.1")]
     peer_ip: IpAddr,
+    /// UDP clients allocate from this many loopback addresses in turn (127.0.0.1 to
+    /// 127.0.0.N, at most 254), so that thousands of allocations are not paced by the server's
+    /// per-source challenge limit. An IPv4 loopback server only.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=254))]
+    sources: u8,
     /// The server's pid, for CPU time per relayed packet.
     #[arg(long)]
     server_pid: Option<u32>,
@@ -110,7 +115,20 @@ fn main() -> ExitCode {
         gso: cli.gso,
         tcp: cli.transport == "tcp",
         burst: cli.burst,
+        sources: if cli.sources > 1 {
+            (1..=cli.sources)
+                .map(|h| IpAddr::from([127, 0, 0, h]))
+                .collect()
+        } else {
+            Vec::new()
+        },
     };
+    if cli.sources > 1 && !(server.is_ipv4() && server.ip().is_loopback()) {
+        eprintln!(
+            "turnperf: --sources binds 127.0.0.1-127.0.0.N: it needs an IPv4 loopback server"
+        );
+        return ExitCode::from(2);
+    }
     let rss_before = cli.server_pid.and_then(rss_kib);
     let setup = match setup(&config) {
         Ok(s) => s,
