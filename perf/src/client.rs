@@ -183,8 +183,7 @@ impl BenchClient {
             realm: String::new(),
             nonce: String::new(),
         };
-        let udp = udp_transport;
-        let challenge = client.request(ALLOCATE, &udp, false)?;
+        let challenge = client.request(ALLOCATE, &udp_transport, false)?;
         let msg = Message::from_bytes(&challenge).map_err(|e| other(e.to_string()))?;
         client.realm = msg
             .attribute::<Realm>()
@@ -196,21 +195,7 @@ impl BenchClient {
             .map_err(|e| other(e.to_string()))?
             .nonce()
             .into();
-        let reply = client.request(ALLOCATE, &udp, true)?;
-        let msg = Message::from_bytes(&reply).map_err(|e| other(e.to_string()))?;
-        client.relay = msg
-            .attribute::<XorRelayedAddress>()
-            .map_err(|_| {
-                let code = msg.attribute::<ErrorCode>().ok();
-                // 437: this 5-tuple is taken; the caller may retry from another socket.
-                let kind = if code.as_ref().is_some_and(|c| c.code() == 437) {
-                    io::ErrorKind::AddrInUse
-                } else {
-                    io::ErrorKind::Other
-                };
-                io::Error::new(kind, format!("allocate failed: {code:?}"))
-            })?
-            .addr(msg.transaction_id());
+        client.reallocate()?;
         Ok(client)
     }
 
@@ -245,18 +230,22 @@ impl BenchClient {
         self.succeed(CHANNEL_BIND, &attrs, "channel bind")
     }
 
-    /// Allocates again on the same 5-tuple (after [`BenchClient::delete`]), with the nonce
-    /// the first allocation learned.
+    /// Allocates (again, after [`BenchClient::delete`]) on this client's 5-tuple, with the
+    /// realm and nonce it learned. A 437 (this 5-tuple is taken) is an `AddrInUse` error, so
+    /// that a caller may retry from another socket.
     pub fn reallocate(&mut self) -> io::Result<()> {
         let reply = self.request(ALLOCATE, &udp_transport, true)?;
         let msg = Message::from_bytes(&reply).map_err(|e| other(e.to_string()))?;
         self.relay = msg
             .attribute::<XorRelayedAddress>()
             .map_err(|_| {
-                other(format!(
-                    "allocate failed: {:?}",
-                    msg.attribute::<ErrorCode>().ok()
-                ))
+                let code = msg.attribute::<ErrorCode>().ok();
+                let kind = if code.as_ref().is_some_and(|c| c.code() == 437) {
+                    io::ErrorKind::AddrInUse
+                } else {
+                    io::ErrorKind::Other
+                };
+                io::Error::new(kind, format!("allocate failed: {code:?}"))
             })?
             .addr(msg.transaction_id());
         Ok(())

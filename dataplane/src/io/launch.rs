@@ -83,9 +83,6 @@ impl Dataplane {
                 admission: admission.clone(),
             };
             let name = format!("uturn-shard-{index}");
-            let cannot = |e: &dyn std::fmt::Display| {
-                io::Error::other(format!("cannot start shard {index}: {e}"))
-            };
             let backend = config.backend;
             let thread = std::thread::Builder::new()
                 .name(name)
@@ -103,7 +100,7 @@ impl Dataplane {
                         tracing::error!(target: "stunner", "shard {index} stopped: {e}");
                     }
                 })
-                .map_err(|e| cannot(&e))?;
+                .map_err(|e| io::Error::other(format!("cannot start shard {index}: {e}")))?;
             threads.push(thread);
         }
         Ok(Dataplane {

@@ -29,6 +29,8 @@ const IGNORED: u64 = u64::MAX;
 const IORING_ENTER_GETEVENTS: u32 = 1;
 /// Marks a writability poll's `user_data`.
 const WRITE: u64 = 1 << 63;
+/// Generations take the 31 bits of `user_data` between the fd and [`WRITE`].
+const GENERATION_MASK: u32 = 0x7fff_ffff;
 
 /// What a watched socket is polled for.
 #[derive(Debug, Clone, Copy)]
@@ -51,9 +53,12 @@ struct Ring {
 }
 
 impl Ring {
+    fn slot(&mut self, fd: RawFd) -> Option<&mut Option<Entry>> {
+        self.watched.get_mut(usize::try_from(fd).ok()?)
+    }
+
     fn entry(&mut self, fd: RawFd, generation: u32) -> Option<&mut Entry> {
-        self.watched
-            .get_mut(usize::try_from(fd).ok()?)?
+        self.slot(fd)?
             .as_mut()
             .filter(|e| e.generation == generation)
     }
@@ -74,51 +79,42 @@ impl Ring {
         }
     }
 
-    /// Arms the one-shot readability poll of `fd`, unless it is armed or gone.
-    fn arm_read(&mut self, fd: RawFd, generation: u32) {
-        let Some(entry) = self.entry(fd, generation) else {
-            return;
-        };
-        if entry.read_armed {
-            return;
-        }
-        entry.read_armed = true;
-        let mask = entry.readable_mask;
-        let poll = opcode::PollAdd::new(types::Fd(fd), mask)
-            .build()
-            .user_data(user_data(fd, generation, false));
-        self.push(&poll);
-    }
-
-    /// Arms the one-shot writability poll of `fd`, unless it is armed or gone.
-    fn arm_write(&mut self, fd: RawFd) {
+    /// Arms the one-shot poll of `fd` for reading or for writing, unless it is armed or the
+    /// socket is gone (`generation`: `None` for whichever socket has the fd now).
+    fn arm(&mut self, fd: RawFd, generation: Option<u32>, write: bool) {
         let Some(entry) = self
-            .watched
-            .get_mut(usize::try_from(fd).unwrap_or(usize::MAX))
+            .slot(fd)
             .and_then(Option::as_mut)
+            .filter(|e| generation.is_none_or(|g| e.generation == g))
         else {
             return;
         };
-        if entry.write_armed {
+        let armed = if write {
+            &mut entry.write_armed
+        } else {
+            &mut entry.read_armed
+        };
+        if *armed {
             return;
         }
-        entry.write_armed = true;
-        let generation = entry.generation;
-        let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLOUT as u32)
+        *armed = true;
+        let mask = if write {
+            libc::POLLOUT as u32
+        } else {
+            entry.readable_mask
+        };
+        let poll = opcode::PollAdd::new(types::Fd(fd), mask)
             .build()
-            .user_data(user_data(fd, generation, true));
+            .user_data(user_data(fd, entry.generation, write));
         self.push(&poll);
     }
 
     /// Stops watching `fd`: removes its polls, in the kernel before this returns.
     fn forget(&mut self, fd: RawFd, generation: u32) {
-        let Some(slot) = usize::try_from(fd)
-            .ok()
-            .and_then(|i| self.watched.get_mut(i))
+        let Some(entry) = self
+            .slot(fd)
+            .and_then(|slot| slot.take_if(|e| e.generation == generation))
         else {
-            return;
-        };
-        let Some(entry) = slot.take_if(|e| e.generation == generation) else {
             return;
         };
         let mut removed = false;
@@ -154,7 +150,7 @@ impl Ring {
 }
 
 fn user_data(fd: RawFd, generation: u32, write: bool) -> u64 {
-    let data = (u64::from(generation & 0x7fff_ffff) << 32) | u64::from(fd as u32);
+    let data = (u64::from(generation) << 32) | u64::from(fd as u32);
     if write {
         data | WRITE
     } else {
@@ -166,7 +162,7 @@ fn user_data(fd: RawFd, generation: u32, write: bool) -> u64 {
 fn from_user_data(data: u64) -> (RawFd, u32, bool) {
     (
         data as u32 as RawFd,
-        ((data >> 32) as u32) & 0x7fff_ffff,
+        ((data >> 32) as u32) & GENERATION_MASK,
         data & WRITE != 0,
     )
 }
@@ -217,7 +213,7 @@ impl Driver for Uring {
         } as u32;
         let mut ring = self.ring.borrow_mut();
         let generation = ring.next_generation;
-        ring.next_generation = generation.wrapping_add(1) & 0x7fff_ffff;
+        ring.next_generation = generation.wrapping_add(1) & GENERATION_MASK;
         if ring.watched.len() <= index {
             ring.watched.resize(index + 1, None);
         }
@@ -229,7 +225,7 @@ impl Driver for Uring {
             write_armed: false,
             queued: false,
         });
-        ring.arm_read(fd, generation);
+        ring.arm(fd, Some(generation), false);
         Ok(Watched {
             fd,
             watch: UringWatch {
@@ -245,7 +241,7 @@ impl Driver for Uring {
         // A poll left armed after the bytes went out costs one spurious report, which the
         // shard's read handles; removing it would cost a syscall every time.
         if on {
-            self.ring.borrow_mut().arm_write(fd);
+            self.ring.borrow_mut().arm(fd, None, true);
         }
     }
 }
@@ -370,7 +366,7 @@ pub(super) fn run(setup: ShardSetup) -> io::Result<()> {
                         more.push(r);
                     }
                 }
-                Readiness::Drained => ring.borrow_mut().arm_read(r.fd, r.generation),
+                Readiness::Drained => ring.borrow_mut().arm(r.fd, Some(r.generation), false),
                 Readiness::Closed => {}
             }
         }

@@ -162,9 +162,9 @@ fn drain_timeout_bounds_the_wait() {
     let ConfigFile {
         turn,
         health,
-        metrics: _,
         path,
         origin,
+        ..
     } = ConfigFile::new("timeout.yaml");
     let mut server = Stunnerd::start(&["-c", &origin, "--drain-timeout", "1"], &[]);
     assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
@@ -186,11 +186,10 @@ fn drain_timeout_bounds_the_wait() {
 #[test]
 fn sigterm_without_allocations_exits_at_once() {
     let ConfigFile {
-        turn: _,
         health,
-        metrics: _,
         path,
         origin,
+        ..
     } = ConfigFile::new("idle.yaml");
     let mut server = Stunnerd::start(&["-c", &origin], &[]);
     assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
@@ -449,9 +448,9 @@ fn log_specs_format_and_rate_limited_denials() {
     let ConfigFile {
         turn,
         health,
-        metrics: _,
         path,
         origin,
+        ..
     } = ConfigFile::new("logs.yaml");
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
     let denied: std::net::IpAddr = "127.0.0.9".parse().unwrap();
@@ -519,9 +518,9 @@ fn a_stunnerd_restarted_at_once_after_a_kill_serves() {
     let ConfigFile {
         turn,
         health,
-        metrics: _,
         path,
         origin,
+        ..
     } = ConfigFile::new("restart.yaml");
     let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
     for round in 0..5 {
