@@ -18,9 +18,26 @@
 # send this many datagrams per allocation back to back when due, as a video frame leaves a
 # media server), TRANSPORT (udp or tcp: the clients' transport; tcp leaves out plain, which is
 # UDP only), SOURCES (1: UDP clients allocate from 127.0.0.1 to 127.0.0.SOURCES in turn, so
-# that thousands of allocations are not paced by a server's per-source challenge limit), OUT
-# (target/compare). Every loop is bounded by these counts;
+# that thousands of allocations are not paced by a server's per-source challenge limit),
+# FRACTIONS (empty: the matrix above; else, e.g. "10 50 90", instead of it: per cell, find
+# coturn's highest rate with loss under MAX_LOSS, then run every server at each of these
+# percentages of it), OUT (target/compare). Every loop is bounded by these counts;
 # every server is started and stopped by this script, by PID.
+#
+# `direct` is a pseudo-server for SERVERS: no server process, turnperf --mode direct sends the
+# same traffic straight between its clients and its peer (UDP only). It is the baseline of the
+# machine's CPU: a relay's machine cost is the machine's CPU with the relay minus the direct
+# run's at the same rate. When SERVERS is not set it is appended to the default list if
+# RATE > 0 or FRACTIONS is set (and TRANSPORT is udp).
+#
+# Columns: delivered pkt/s, loss %, p99 µs (one-way), server CPU µs/pkt (the server process's
+# user + system time per relayed packet), wakeups/pkt (the server's context switches, all
+# threads, per relayed packet), machine µs/pkt (the whole machine's busy CPU time, from
+# /proc/stat, per relayed packet: load generator, server, kernel and whatever else runs; on a
+# shared machine, noisy), softirq µs/pkt (its softirq part), busy CPUs (machine CPUs busy on
+# average), relay machine µs/pkt (machine µs/pkt minus the direct run's in the same cell and
+# fraction), and ratios against coturn. Results: OUT/results.jsonl (matrix),
+# OUT/fractions.jsonl (FRACTIONS: rows carry "fraction" and "coturn_max"), OUT/latency.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${REPS:-3}
@@ -39,8 +56,12 @@ LATENCY=${LATENCY:-0}
 BURST=${BURST:-1}
 TRANSPORT=${TRANSPORT:-udp}
 SOURCES=${SOURCES:-1}
+FRACTIONS=${FRACTIONS:-}
 if [ "$TRANSPORT" = tcp ] && [ -z "${SERVERS_SET:-}" ]; then
   SERVERS=${SERVERS//plain/}
+fi
+if [ "$TRANSPORT" = udp ] && [ -z "${SERVERS_SET:-}" ] && { [ "$RATE" != 0 ] || [ -n "$FRACTIONS" ]; }; then
+  SERVERS="$SERVERS direct"
 fi
 OUT=${OUT:-target/compare}
 mkdir -p "$OUT"
@@ -82,10 +103,14 @@ pin() {
 }
 
 # start_server NAME THREADS PORT: starts it in the background, sets server_pid (and
-# plain_relay for udprelay).
+# plain_relay for udprelay); `direct` starts nothing and leaves server_pid empty.
 start_server() {
   local name=$1 threads=$2 port=$3
   pin "$threads"
+  if [ "$name" = direct ]; then
+    server_pid=""
+    return
+  fi
   case $name in
     uturn|uturn-epoll)
       engine=uring
@@ -131,12 +156,28 @@ measure() {
   start_server "$name" "$threads" "$port"
   local mode=(--mode channel)
   [ "$name" = plain ] && mode=(--mode plain --plain-relay "$plain_relay")
+  [ "$name" = direct ] && mode=(--mode direct)
+  [ -n "$server_pid" ] && mode+=(--server-pid "$server_pid")
   if report=$("${client_cpu[@]}" target/release/turnperf "127.0.0.1:$port" -n "$allocs" -s "$size" \
-      -r "$rate" -d "$DURATION" --server-pid "$server_pid" "${mode[@]}" "$@" --json -q); then
+      -r "$rate" -d "$DURATION" "${mode[@]}" "$@" --json -q); then
     echo "{\"server\":\"$name\",\"threads\":$threads$extra,\"result\":$report}" >> "$file"
   else
     echo "  run failed; see $OUT/server.log" >&2
   fi
+  stop_server
+}
+
+# coturn_max THREADS SIZE ALLOCS: sets max to coturn's highest delivered rate (pkt/s, all
+# allocations) with loss under MAX_LOSS in this cell, by turnperf --find-max. (In this shell,
+# not a subshell, so that the EXIT trap stops coturn if the search fails.)
+coturn_max() {
+  local threads=$1 size=$2 allocs=$3 port
+  port=$(free_port)
+  start_server coturn "$threads" "$port"
+  echo "[max] coturn's highest rate: threads=$threads size=$size allocations=$allocs" >&2
+  max=$("${client_cpu[@]}" target/release/turnperf "127.0.0.1:$port" -n "$allocs" -s "$size" \
+    -d "$DURATION" --find-max --max-loss "$MAX_LOSS" "${opts[@]}" --json -q \
+    | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["report"]["up"]["pps"]))')
   stop_server
 }
 
@@ -145,9 +186,13 @@ opts=(--transport "$TRANSPORT" --burst "$BURST")
 [ "$GSO" = 1 ] && opts+=(--gso)
 find=("${opts[@]}")
 [ "$FIND_MAX" = 1 ] && find+=(--find-max --max-loss "$MAX_LOSS")
+cells=$(( $(wc -w <<<"$THREADS") * $(wc -w <<<"$SIZES") * $(wc -w <<<"$ALLOCS") ))
+# The matrix, unless FRACTIONS runs instead of it.
+matrix_reps=$REPS
+[ -n "$FRACTIONS" ] && matrix_reps=0
 run=0
-total=$(( REPS * $(wc -w <<<"$THREADS") * $(wc -w <<<"$SIZES") * $(wc -w <<<"$ALLOCS") * $(wc -w <<<"$SERVERS") ))
-for rep in $(seq 1 "$REPS"); do
+total=$(( matrix_reps * cells * $(wc -w <<<"$SERVERS") ))
+for rep in $(seq 1 "$matrix_reps"); do
   for threads in $THREADS; do
     for size in $SIZES; do
       for allocs in $ALLOCS; do
@@ -161,6 +206,34 @@ for rep in $(seq 1 "$REPS"); do
   done
 done
 
+if [ -n "$FRACTIONS" ]; then
+  # Per cell: coturn's highest rate with loss under MAX_LOSS, then every server at each
+  # fraction of it (total over the allocations), interleaved.
+  fractions="$OUT/fractions.jsonl"
+  : > "$fractions"
+  run=0
+  total=$(( cells * $(wc -w <<<"$FRACTIONS") * REPS * $(wc -w <<<"$SERVERS") ))
+  for threads in $THREADS; do
+    for size in $SIZES; do
+      for allocs in $ALLOCS; do
+        coturn_max "$threads" "$size" "$allocs"
+        for fraction in $FRACTIONS; do
+          per_alloc=$(( max * fraction / 100 / allocs ))
+          [ "$per_alloc" -lt 1 ] && per_alloc=1
+          for rep in $(seq 1 "$REPS"); do
+            for name in $SERVERS; do
+              run=$((run + 1))
+              echo "[$run/$total] $name at $fraction% of coturn's $max = $((per_alloc * allocs)) pkt/s threads=$threads size=$size allocations=$allocs rep=$rep" >&2
+              measure "$name" "$threads" "$size" "$allocs" "$per_alloc" "$fractions" \
+                ",\"rep\":$rep,\"coturn_max\":$max,\"fraction\":$fraction" "${opts[@]}"
+            done
+          done
+        done
+      done
+    done
+  done
+fi
+
 if [ "$LATENCY" = 1 ]; then
   # Per cell: coturn's highest rate with loss under MAX_LOSS, then every server at half of it.
   latency="$OUT/latency.jsonl"
@@ -168,13 +241,7 @@ if [ "$LATENCY" = 1 ]; then
   for threads in $THREADS; do
     for size in $SIZES; do
       for allocs in $ALLOCS; do
-        port=$(free_port)
-        start_server coturn "$threads" "$port"
-        echo "[latency] coturn's highest rate: threads=$threads size=$size allocations=$allocs" >&2
-        max=$("${client_cpu[@]}" target/release/turnperf "127.0.0.1:$port" -n "$allocs" -s "$size" \
-          -d "$DURATION" --find-max --max-loss "$MAX_LOSS" "${opts[@]}" --json -q \
-          | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["report"]["up"]["pps"]))')
-        stop_server
+        coturn_max "$threads" "$size" "$allocs"
         per_alloc=$(( max / 2 / allocs ))
         [ "$per_alloc" -lt 1 ] && per_alloc=1
         for rep in $(seq 1 "$REPS"); do
@@ -189,70 +256,105 @@ if [ "$LATENCY" = 1 ]; then
   done
 fi
 
-python3 - "$results" "${latency:-}" <<'PY'
+python3 - "$results" "${latency:-}" "${fractions:-}" <<'PY'
 import json, os, statistics, sys
-SERVERS = ["uturn", "uturn-epoll", "coturn", "pion", "plain"]
+SERVERS = ["uturn", "uturn-epoll", "coturn", "pion", "plain", "direct"]
 def med(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
 def fmt(v, spec):
     return format(v, spec) if v is not None else "-"
 def cells_of(path):
+    """{(threads, size, allocations, fraction): {server: [run]}} of a JSONL file."""
+    if not path or not os.path.exists(path):
+        return {}
     rows = [json.loads(l) for l in open(path) if l.strip()]
     cells = {}
     for r in rows:
         res = r["result"]
-        key = (r["threads"], res["size"], res["allocations"])
-        up = res["report"]["up"]
+        rep = res["report"]
+        key = (r["threads"], res["size"], res["allocations"], r.get("fraction", 0))
+        up = rep["up"]
         cells.setdefault(key, {}).setdefault(r["server"], []).append({
             "pps": up["pps"], "loss": up["loss_pct"], "p99": up["p99_us"],
-            "cpu": res["report"].get("server_cpu_us_per_packet"),
-            "setup": res.get("setup_rate"),
+            "cpu": rep.get("server_cpu_us_per_packet"),
+            "wakeups": rep.get("server_wakeups_per_packet"),
+            "machine": rep.get("machine_us_per_packet"),
+            "softirq": rep.get("machine_softirq_us_per_packet"),
+            "busy": rep.get("machine_busy_cpus"),
+            "setup": res.get("setup_rate") if r["server"] != "direct" else None,
             "rss": res.get("server_rss_bytes_per_allocation"),
             "coturn_max": r.get("coturn_max"),
-            "offered": res["report"].get("offered_pps"),
+            "offered": rep.get("offered_pps"),
         })
     return cells
 def medians(runs):
     return {k: med([r[k] for r in runs]) for k in runs[0]} | {"n": len(runs)}
+def cell_medians(runs_by_server):
+    """Medians per server, each with "relay": its machine µs/pkt minus direct's."""
+    m = {s: medians(runs) for s, runs in runs_by_server.items()}
+    base = m.get("direct", {}).get("machine")
+    for s, v in m.items():
+        known = v["machine"] is not None and base is not None and s != "direct"
+        v["relay"] = v["machine"] - base if known else None
+    return m
+def ratio(m, a, b, k):
+    x, y = m.get(a, {}).get(k), m.get(b, {}).get(k)
+    return f"{x / y:.2f}" if x is not None and y and y > 0 else "-"
+# Columns: (header, text of (cell key, server, its medians, the cell's medians)).
+def col(header, k, spec):
+    return (header, lambda key, s, v, m: fmt(v[k], spec))
+def vs(header, base, k):
+    return (header, lambda key, s, v, m: ratio(m, s, base, k))
+CELL = [("threads", lambda key, *_: str(key[0])), ("payload", lambda key, *_: f"{key[1]} B"),
+        ("allocations", lambda key, *_: str(key[2]))]
+SERVER = ("server", lambda key, s, *_: s)
+RUNS = col("runs", "n", "d")
+def table(cells, columns, servers=SERVERS):
+    """One row per cell and server (of `servers`) run in it."""
+    print("| " + " | ".join(h for h, _ in columns) + " |")
+    print("|" + "---|" * len(columns))
+    for key in sorted(cells):
+        m = cell_medians(cells[key])
+        for s in servers:
+            if s in m:
+                print("| " + " | ".join(f(key, s, m[s], m) for _, f in columns) + " |")
 
 cells = cells_of(sys.argv[1])
-print("| threads | payload | allocations | server | delivered pkt/s | loss % | p99 µs | server CPU µs/pkt | setups/s | RSS B/allocation | runs |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
-ratios = []
-for key in sorted(cells):
-    m = {s: medians(runs) for s, runs in cells[key].items()}
-    for s in SERVERS:
-        if s in m:
-            v = m[s]
-            print(f"| {key[0]} | {key[1]} B | {key[2]} | {s} | {fmt(v['pps'], ',.0f')} | {fmt(v['loss'], '.1f')} | "
-                  f"{fmt(v['p99'], ',.0f')} | {fmt(v['cpu'], '.2f')} | {fmt(v['setup'], ',.0f')} | {fmt(v['rss'], ',.0f')} | {v['n']} |")
-    def ratio(a, b, k="pps"):
-        x, y = m.get(a, {}).get(k), m.get(b, {}).get(k)
-        return f"{x / y:.2f}" if x and y else "-"
-    for u in ["uturn", "uturn-epoll"]:
-        if u in m:
-            ratios.append(f"| {key[0]} | {key[1]} B | {key[2]} | {u} | {ratio(u, 'coturn')} | {ratio(u, 'pion')} | "
-                          f"{ratio(u, 'plain')} | {ratio(u, 'plain', 'cpu')} | {ratio(u, 'coturn', 'setup')} | {ratio(u, 'coturn', 'rss')} |")
-print()
-print("| threads | payload | allocations | engine | pkt/s vs coturn | pkt/s vs pion | pkt/s vs plain | CPU/pkt vs plain | setups/s vs coturn | RSS/allocation vs coturn |")
-print("|---|---|---|---|---|---|---|---|---|---|")
-print("\n".join(ratios))
+if cells:
+    table(cells, CELL + [
+        SERVER, col("delivered pkt/s", "pps", ",.0f"), col("loss %", "loss", ".1f"), col("p99 µs", "p99", ",.0f"),
+        col("server CPU µs/pkt", "cpu", ".2f"), col("wakeups/pkt", "wakeups", ".3f"),
+        col("machine µs/pkt", "machine", ".2f"), col("relay machine µs/pkt", "relay", ".2f"),
+        col("setups/s", "setup", ",.0f"), col("RSS B/allocation", "rss", ",.0f"), RUNS])
+    print()
+    table(cells, CELL + [
+        ("engine", SERVER[1]), vs("pkt/s vs coturn", "coturn", "pps"), vs("pkt/s vs pion", "pion", "pps"),
+        vs("pkt/s vs plain", "plain", "pps"), vs("CPU/pkt vs plain", "plain", "cpu"),
+        vs("setups/s vs coturn", "coturn", "setup"), vs("RSS/allocation vs coturn", "coturn", "rss")],
+        servers=["uturn", "uturn-epoll"])
 
-if len(sys.argv) > 2 and sys.argv[2] and os.path.exists(sys.argv[2]):
-    cells = cells_of(sys.argv[2])
+cells = cells_of(sys.argv[3] if len(sys.argv) > 3 else "")
+if cells:
+    print()
+    print("Cost per packet at fixed rates, fractions of coturn's highest rate (loss-bounded); "
+          "relay machine µs/pkt = machine µs/pkt minus direct's (no relay) at the same rate:")
+    print()
+    table(cells, CELL + [
+        col("coturn max pkt/s", "coturn_max", ",.0f"), ("fraction %", lambda key, *_: str(key[3])), SERVER,
+        col("offered pkt/s", "offered", ",.0f"), col("delivered pkt/s", "pps", ",.0f"), col("loss %", "loss", ".2f"),
+        col("server CPU µs/pkt", "cpu", ".2f"), col("wakeups/pkt", "wakeups", ".3f"),
+        col("machine µs/pkt", "machine", ".2f"), col("softirq µs/pkt", "softirq", ".2f"),
+        col("busy CPUs", "busy", ".2f"), col("relay machine µs/pkt", "relay", ".2f"),
+        vs("server CPU vs coturn", "coturn", "cpu"), vs("relay machine vs coturn", "coturn", "relay"), RUNS])
+
+cells = cells_of(sys.argv[2])
+if cells:
     print()
     print("p99 one-way latency at half of coturn's highest rate (loss-bounded):")
     print()
-    print("| threads | payload | allocations | coturn max pkt/s | offered pkt/s | server | delivered pkt/s | loss % | p99 µs | p99 vs coturn |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for key in sorted(cells):
-        m = {s: medians(runs) for s, runs in cells[key].items()}
-        base = m.get("coturn", {}).get("p99")
-        for s in SERVERS:
-            if s in m:
-                v = m[s]
-                rel = f"{v['p99'] / base:.2f}" if base and v["p99"] else "-"
-                print(f"| {key[0]} | {key[1]} B | {key[2]} | {fmt(v['coturn_max'], ',.0f')} | {fmt(v['offered'], ',.0f')} | {s} | {fmt(v['pps'], ',.0f')} | "
-                      f"{fmt(v['loss'], '.2f')} | {fmt(v['p99'], ',.0f')} | {rel} |")
+    table(cells, CELL + [
+        col("coturn max pkt/s", "coturn_max", ",.0f"), col("offered pkt/s", "offered", ",.0f"), SERVER,
+        col("delivered pkt/s", "pps", ",.0f"), col("loss %", "loss", ".2f"), col("p99 µs", "p99", ",.0f"),
+        vs("p99 vs coturn", "coturn", "p99")])
 PY

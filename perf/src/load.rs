@@ -83,6 +83,10 @@ pub enum Mode {
     Send,
     /// No TURN at all: raw datagrams through udprelay, the machine's ceiling.
     Plain,
+    /// No relay at all (UDP): each client socket exchanges its datagrams with the built-in
+    /// peer directly, the same traffic a relay would carry. The baseline a relay's machine
+    /// cost is measured against; `server` is not used.
+    Direct,
 }
 
 /// What to run.
@@ -149,10 +153,15 @@ pub fn setup(config: &LoadConfig) -> io::Result<Setup> {
             config.burst
         )));
     }
-    if config.tcp && config.mode == Mode::Plain {
-        return Err(io::Error::other(
-            "--mode plain is UDP only (udprelay): drop --transport tcp",
-        ));
+    if config.tcp && matches!(config.mode, Mode::Plain | Mode::Direct) {
+        let mode = if config.mode == Mode::Plain {
+            "plain (udprelay)"
+        } else {
+            "direct"
+        };
+        return Err(io::Error::other(format!(
+            "--mode {mode} is UDP only: drop --transport tcp"
+        )));
     }
     let peer = UdpSocket::bind((config.peer_ip, 0))?;
     roomy(&peer);
@@ -165,16 +174,28 @@ pub fn setup(config: &LoadConfig) -> io::Result<Setup> {
         })?;
         peer.send_to(b"UTPF-PEER", relay)?;
         for i in 0..config.allocations {
-            let socket = UdpSocket::bind((config.server.ip(), 0))?;
-            roomy(&socket);
-            socket.connect(config.server)?;
+            let socket = connected(config.server.ip(), config.server)?;
             socket.send(format!("UTPF-CLIENT {i}").as_bytes())?;
             clients.push(BenchClient::plain(socket, relay));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    if config.mode == Mode::Direct {
+        // Each client talks to the peer itself; the peer sends (down) to the client's own
+        // address, where a relay would have given its relay address.
+        for i in 0..config.allocations {
+            let source = config
+                .sources
+                .get(i % config.sources.len().max(1))
+                .copied()
+                .unwrap_or(config.peer_ip);
+            let socket = connected(source, peer_addr)?;
+            let own = socket.local_addr()?;
+            clients.push(BenchClient::plain(socket, own));
+        }
+    }
     for i in 0..config.allocations {
-        if config.mode == Mode::Plain {
+        if matches!(config.mode, Mode::Plain | Mode::Direct) {
             break;
         }
         let (user, pass) = config.auth.credentials();
@@ -206,6 +227,14 @@ pub fn setup(config: &LoadConfig) -> io::Result<Setup> {
         tcp: config.tcp,
         burst: config.burst,
     })
+}
+
+/// A roomy UDP socket bound to `ip` (any port) and connected to `to`.
+fn connected(ip: IpAddr, to: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = UdpSocket::bind((ip, 0))?;
+    roomy(&socket);
+    socket.connect(to)?;
+    Ok(socket)
 }
 
 /// One direction's results.
@@ -245,6 +274,18 @@ pub struct Report {
     pub down: Option<DirectionReport>,
     /// Server CPU time per relayed datagram, µs (with a server pid).
     pub server_cpu_us_per_packet: Option<f64>,
+    /// The server's context switches (voluntary and not, all its threads) per relayed
+    /// datagram (with a server pid).
+    pub server_wakeups_per_packet: Option<f64>,
+    /// The whole machine's busy CPUs, on average over the run (user, nice, system, irq,
+    /// softirq and steal time from /proc/stat, over the wall time): load generator, server
+    /// and everything else running.
+    pub machine_busy_cpus: Option<f64>,
+    /// The whole machine's busy CPU time per relayed datagram, µs.
+    pub machine_us_per_packet: Option<f64>,
+    /// The machine's softirq time (the kernel's network receive path, mostly) per relayed
+    /// datagram, µs; part of `machine_us_per_packet`.
+    pub machine_softirq_us_per_packet: Option<f64>,
 }
 
 impl Report {
@@ -320,15 +361,83 @@ fn write_header(payload: &mut [u8], index: u32, seq: u64, now_ns: u64) {
     payload[16..24].copy_from_slice(&now_ns.to_be_bytes());
 }
 
+/// Clock ticks (USER_HZ) per second, the unit of /proc's CPU times.
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    if ticks > 0.0 {
+        ticks
+    } else {
+        100.0
+    }
+}
+
 /// The server's CPU time so far (user + system), from /proc.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Some((utime + stime) / ticks.max(1.0))
+    Some((utime + stime) / clock_ticks())
+}
+
+/// The whole machine's CPU time so far, seconds (summed over CPUs), from /proc/stat's
+/// aggregate `cpu` line.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MachineCpu {
+    /// user + nice + system + irq + softirq + steal (guest time is inside user already).
+    pub busy: f64,
+    /// softirq alone.
+    pub softirq: f64,
+    /// busy + idle + iowait.
+    pub total: f64,
+}
+
+impl MachineCpu {
+    /// Reads /proc/stat now.
+    pub fn now() -> Option<MachineCpu> {
+        MachineCpu::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// The `cpu` line of a /proc/stat text.
+    fn parse(stat: &str) -> Option<MachineCpu> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let jiffies: Vec<f64> = line
+            .split_whitespace()
+            .skip(1)
+            .map_while(|f| f.parse().ok())
+            .collect();
+        let field = |i: usize| jiffies.get(i).copied().unwrap_or(0.0);
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        let busy = field(0) + field(1) + field(2) + field(5) + field(6) + field(7);
+        let ticks = clock_ticks();
+        (jiffies.len() >= 4).then(|| MachineCpu {
+            busy: busy / ticks,
+            softirq: field(6) / ticks,
+            total: (busy + field(3) + field(4)) / ticks,
+        })
+    }
+}
+
+/// The server's context switches so far, voluntary and not, summed over its threads (from
+/// /proc/PID/task/*/status; a thread that exits takes its count along).
+pub fn context_switches(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0;
+    for task in tasks.flatten() {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        total += status
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("voluntary_ctxt_switches:")
+                    .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+            })
+            .filter_map(|v| v.trim().parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Some(total)
 }
 
 /// The server's resident memory (VmRSS), KiB, from /proc.
@@ -445,6 +554,9 @@ impl Setup {
         let up_sent = Arc::new(AtomicU64::new(0));
         let down_sent = Arc::new(AtomicU64::new(0));
         let cpu_before = server_pid.and_then(cpu_seconds);
+        let switches_before = server_pid.and_then(context_switches);
+        let machine_before = MachineCpu::now();
+        let window = Instant::now();
         let up = matches!(direction, Direction::Up | Direction::Both);
         let down = matches!(direction, Direction::Down | Direction::Both);
         let allocations = self.clients.len();
@@ -515,10 +627,25 @@ impl Setup {
             stop_receivers.store(true, Ordering::Relaxed);
             seconds
         });
+        // The same window for the server's and the machine's counters: from before the
+        // senders start until every in-flight datagram has landed.
         let cpu = match (cpu_before, server_pid.and_then(cpu_seconds)) {
             (Some(before), Some(after)) => Some(after - before),
             _ => None,
         };
+        let switches = match (switches_before, server_pid.and_then(context_switches)) {
+            (Some(before), Some(after)) => Some(after.saturating_sub(before) as f64),
+            _ => None,
+        };
+        let machine = match (machine_before, MachineCpu::now()) {
+            (Some(before), Some(after)) => Some(MachineCpu {
+                busy: after.busy - before.busy,
+                softirq: after.softirq - before.softirq,
+                total: after.total - before.total,
+            }),
+            _ => None,
+        };
+        let window = window.elapsed().as_secs_f64();
         let report_of = |sent: &AtomicU64, rx: &Received| {
             let sent = sent.load(Ordering::Relaxed);
             let delivered = rx.packets.load(Ordering::Relaxed);
@@ -543,14 +670,21 @@ impl Setup {
         let down_report = down.then(|| report_of(&down_sent, &down_rx));
         let relayed = up_report.as_ref().map_or(0, |r| r.delivered)
             + down_report.as_ref().map_or(0, |r| r.delivered);
+        // Per relayed (delivered, in the directions run) datagram; seconds become µs.
+        let per_packet = |v: Option<f64>, scale: f64| {
+            v.filter(|_| relayed > 0)
+                .map(|v| v * scale / relayed as f64)
+        };
         Report {
             offered_pps: rate,
             seconds,
             up: up_report,
             down: down_report,
-            server_cpu_us_per_packet: cpu
-                .filter(|_| relayed > 0)
-                .map(|c| c * 1e6 / relayed as f64),
+            server_cpu_us_per_packet: per_packet(cpu, 1e6),
+            server_wakeups_per_packet: per_packet(switches, 1.0),
+            machine_busy_cpus: machine.map(|m| m.busy / window.max(1e-9)),
+            machine_us_per_packet: per_packet(machine.map(|m| m.busy), 1e6),
+            machine_softirq_us_per_packet: per_packet(machine.map(|m| m.softirq), 1e6),
         }
     }
 
@@ -559,7 +693,7 @@ impl Setup {
         let payload = vec![0u8; self.size];
         (0..BATCH)
             .map(|_| match self.mode {
-                Mode::Plain => payload.clone(),
+                Mode::Plain | Mode::Direct => payload.clone(),
                 Mode::Channel => {
                     let mut frame = channel_data_header(FIRST_CHANNEL, self.size).to_vec();
                     frame.extend_from_slice(&payload);
@@ -585,7 +719,7 @@ impl Setup {
         let offsets: Vec<usize> = frames
             .iter()
             .map(|f| match self.mode {
-                Mode::Plain => 0,
+                Mode::Plain | Mode::Direct => 0,
                 Mode::Channel => 4,
                 Mode::Send => f[0].windows(4).position(|w| w == MAGIC).unwrap_or(4),
             })
@@ -745,5 +879,19 @@ mod tests {
         framed.extend_from_slice(&payload);
         assert_eq!(stamp(&framed), Some((7, 123_456)));
         assert_eq!(stamp(&[0u8; 40]), None);
+    }
+
+    #[test]
+    fn machine_cpu_reads_the_aggregate_line() {
+        let stat = "cpu  100 10 50 1000 20 5 15 2 7 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n";
+        let m = MachineCpu::parse(stat).unwrap();
+        let ticks = clock_ticks();
+        let close = |seconds: f64, jiffies: f64| (seconds * ticks - jiffies).abs() < 1e-6;
+        assert!(close(m.busy, 182.0), "{m:?}");
+        assert!(close(m.softirq, 15.0), "{m:?}");
+        assert!(close(m.total, 1202.0), "{m:?}");
+        assert_eq!(MachineCpu::parse("intr 1 2 3\n"), None);
+        assert!(MachineCpu::now().is_some_and(|m| m.busy > 0.0 && m.total >= m.busy));
+        assert!(context_switches(std::process::id()).is_some_and(|n| n > 0));
     }
 }

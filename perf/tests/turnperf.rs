@@ -3,7 +3,7 @@
 use std::net::UdpSocket;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use uturn_testkit::stunnerd::Killed;
+use uturn_testkit::stunnerd::{free_port, temp_dir, wait_for_tcp, Killed, Stunnerd};
 
 fn coturn() -> (Killed, u16) {
     // A port free for UDP and TCP (coturn serves both on it).
@@ -74,6 +74,21 @@ fn assert_delivered<'a>(
     assert!(offered.contains(&sent), "{dir}: {d}");
     assert!(delivered * 100 >= sent * 99, "{dir}: {d}");
     d
+}
+
+/// 8 allocations at 200/s each, both ways, for 1.5 s: about 2 400 datagrams each way.
+const EIGHT_BOTH_WAYS: &[&str] = &["-n", "8", "-r", "200", "-d", "1.5", "--direction", "both"];
+
+/// turnperf `args` with [`EIGHT_BOTH_WAYS`] and `--json`: checks that it succeeds and that
+/// both directions delivered about everything; the document.
+fn eight_both_ways(args: &[&str]) -> serde_json::Value {
+    let (code, out, err) = turnperf(&[args, EIGHT_BOTH_WAYS, &["--json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for dir in ["up", "down"] {
+        assert_delivered(&doc, dir, 2000..=2600);
+    }
+    doc
 }
 
 #[test]
@@ -164,28 +179,7 @@ fn turnperf_rejects_bad_options_clearly() {
 fn turnperf_relays_over_tcp_both_ways() {
     let (server, port) = coturn();
     let addr = format!("127.0.0.1:{port}");
-    let (code, out, err) = turnperf(&[
-        &addr,
-        "--transport",
-        "tcp",
-        "-n",
-        "8",
-        "-s",
-        "101",
-        "-r",
-        "200",
-        "-d",
-        "1.5",
-        "--direction",
-        "both",
-        "--json",
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
-    for dir in ["up", "down"] {
-        // 8 allocations × 200/s × 1.5 s.
-        assert_delivered(&doc, dir, 2000..=2600);
-    }
+    eight_both_ways(&[&addr, "--transport", "tcp", "-s", "101"]);
     drop(server);
 }
 
@@ -209,44 +203,24 @@ fn paced_bursts_keep_the_rate() {
 /// each datagram back to the client whose index it carries.
 #[test]
 fn plain_mode_relays_through_udprelay_both_ways() {
-    let mut relay = Command::new(env!("CARGO_BIN_EXE_udprelay"))
-        .arg("127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut relay = Killed(
+        Command::new(env!("CARGO_BIN_EXE_udprelay"))
+            .arg("127.0.0.1:0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let mut line = String::new();
     std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(relay.stdout.take().unwrap()),
+        &mut std::io::BufReader::new(relay.0.stdout.take().unwrap()),
         &mut line,
     )
     .unwrap();
     let mut words = line.split_whitespace();
     let (listen, relay_addr) = (words.nth(2).expect(&line), words.nth(1).expect(&line));
-    let (code, out, err) = turnperf(&[
-        listen,
-        "--mode",
-        "plain",
-        "--plain-relay",
-        relay_addr,
-        "-n",
-        "8",
-        "-r",
-        "200",
-        "-d",
-        "1.5",
-        "--direction",
-        "both",
-        "--json",
-    ]);
-    let _ = relay.kill();
-    let _ = relay.wait();
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
-    for dir in ["up", "down"] {
-        // 8 allocations × 200/s × 1.5 s.
-        assert_delivered(&doc, dir, 2000..=2600);
-    }
+    eight_both_ways(&[listen, "--mode", "plain", "--plain-relay", relay_addr]);
+    drop(relay);
 }
 
 /// `--sources N` spreads the UDP clients over 127.0.0.1 to 127.0.0.N (so thousands of
@@ -276,4 +250,65 @@ fn sources_spread_the_clients_over_loopback_addresses() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("needs an IPv4 loopback server"), "{err}");
     drop(server);
+}
+
+/// `--mode direct`: no server at all (the address is not used), the clients and the peer
+/// exchange the paced datagrams themselves; the machine's CPU time per packet is reported, as
+/// the baseline a relay's cost is measured against.
+#[test]
+fn direct_mode_runs_without_a_server_and_reports_machine_cpu() {
+    let doc = eight_both_ways(&["direct", "--mode", "direct"]);
+    assert_eq!(doc["server"], "direct");
+    let report = &doc["report"];
+    assert!(
+        report["machine_us_per_packet"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    let busy = report["machine_busy_cpus"].as_f64().unwrap();
+    assert!(busy > 0.0 && busy <= 1024.0, "{report}");
+    assert!(report["machine_softirq_us_per_packet"].as_f64().is_some());
+    // No server pid: no server figures.
+    assert!(report["server_wakeups_per_packet"].is_null(), "{report}");
+    let (code, _, err) = turnperf(&["direct", "--mode", "direct", "--transport", "tcp"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("UDP only"), "{err}");
+}
+
+/// With `--server-pid` of a running uturn, the server's context switches per relayed packet
+/// (over all its threads) are reported.
+#[test]
+fn server_wakeups_are_counted_for_uturn() {
+    let dir = temp_dir("turnperf-wakeups");
+    let port = free_port();
+    let config = dir.join("stunnerd.yaml");
+    let route = format!("address: 127.0.0.1, port: {port}, routes: [peers]");
+    std::fs::write(
+        &config,
+        format!(
+            "version: v1\nadmin: {{healthcheck_endpoint: \"\", loglevel: \"all:WARN\"}}\n\
+             auth: {{type: static, realm: perf, credentials: {{username: user1, password: pass1}}}}\n\
+             listeners:\n\
+             - {{name: udp, protocol: TURN-UDP, {route}}}\n\
+             - {{name: tcp, protocol: TURN-TCP, {route}}}\n\
+             clusters: [{{name: peers, endpoints: [\"127.0.0.1\"]}}]\n"
+        ),
+    )
+    .unwrap();
+    let server = Stunnerd::start(&["-c", &format!("file://{}", config.display())], &[]);
+    let addr = format!("127.0.0.1:{port}");
+    // The TCP listener opens with the UDP one.
+    if let Err(e) = wait_for_tcp(addr.parse().unwrap(), Duration::from_secs(10)) {
+        panic!("stunnerd did not listen on {port}: {e}\n{}", server.logs());
+    }
+    let doc = eight_both_ways(&[&addr, "--server-pid", &server.pid().to_string()]);
+    let report = &doc["report"];
+    let wakeups = report["server_wakeups_per_packet"].as_f64();
+    assert!(wakeups.is_some_and(|w| w > 0.0), "{report}");
+    assert!(report["server_cpu_us_per_packet"].as_f64().is_some());
+    assert!(
+        report["machine_us_per_packet"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
 }

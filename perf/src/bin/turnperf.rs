@@ -1,7 +1,10 @@
 //! turnperf: a TURN/UDP load generator and reporter. Sets up N allocations (each its own
 //! client socket and 5-tuple) with auth, relays timestamped datagrams through the server to its
 //! own peer, and reports delivered packets/s, Mbit/s, loss, one-way latency percentiles, the
-//! allocation setup rate and (with `--server-pid`) the server's CPU time per relayed packet.
+//! allocation setup rate and (with `--server-pid`) the server's CPU time and context switches
+//! per relayed packet, and the whole machine's busy CPU time per relayed packet. `--mode
+//! direct` runs the same traffic between the clients and the peer with no relay at all: the
+//! baseline a relay's machine cost is the difference from.
 
 use clap::Parser;
 use std::net::{IpAddr, ToSocketAddrs};
@@ -16,7 +19,7 @@ use uturn_perf::load::{rss_kib, setup, Auth, Direction, LoadConfig, Mode, Report
     about = "TURN/UDP load generator and reporter"
 )]
 struct Cli {
-    /// The TURN server, HOST:PORT.
+    /// The TURN server, HOST:PORT (with --mode direct: not used, any value, e.g. "direct").
     server: String,
     /// Username (static credentials, or the user id of ephemeral ones).
     #[arg(short = 'u', long, default_value = "user1")]
@@ -42,7 +45,8 @@ struct Cli {
     /// client→peer (up), peer→client (down) or both.
     #[arg(long, value_enum, default_value = "up")]
     direction: Direction,
-    /// ChannelData, Send indications, or plain (no TURN: through udprelay).
+    /// ChannelData, Send indications, plain (no TURN: through udprelay), or direct (no relay
+    /// at all: clients and peer exchange the datagrams themselves; UDP only).
     #[arg(long, value_enum, default_value = "channel")]
     mode: Mode,
     /// With --mode plain: udprelay's relay address.
@@ -59,7 +63,7 @@ struct Cli {
     /// per-source challenge limit. An IPv4 loopback server only.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=254))]
     sources: u8,
-    /// The server's pid, for CPU time per relayed packet.
+    /// The server's pid, for its CPU time and context switches per relayed packet.
     #[arg(long)]
     server_pid: Option<u32>,
     /// Search for the highest total rate with loss below --max-loss.
@@ -87,7 +91,14 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Some(server) = cli.server.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+    let direct = cli.mode == Mode::Direct;
+    let resolved = if direct {
+        // Not used: the clients send to the peer.
+        Some(std::net::SocketAddr::new(cli.peer_ip, 0))
+    } else {
+        cli.server.to_socket_addrs().ok().and_then(|mut a| a.next())
+    };
+    let Some(server) = resolved else {
         eprintln!(
             "turnperf: cannot resolve server {:?}: give HOST:PORT",
             cli.server
@@ -163,7 +174,7 @@ fn main() -> ExitCode {
     };
     if cli.json {
         let doc = serde_json::json!({
-            "server": server.to_string(),
+            "server": if direct { "direct".to_string() } else { server.to_string() },
             "allocations": cli.allocations,
             "size": cli.size,
             "mode": cli.mode,
@@ -265,5 +276,17 @@ fn print_table(cli: &Cli, setup_rate: f64, report: &Report) {
     }
     if let Some(cpu) = report.server_cpu_us_per_packet {
         println!("server CPU: {cpu:.2} µs per relayed packet");
+    }
+    if let Some(wakeups) = report.server_wakeups_per_packet {
+        println!("server context switches: {wakeups:.3} per relayed packet");
+    }
+    if let (Some(busy), Some(us), Some(softirq)) = (
+        report.machine_busy_cpus,
+        report.machine_us_per_packet,
+        report.machine_softirq_us_per_packet,
+    ) {
+        println!(
+            "machine CPU: {busy:.2} CPUs busy, {us:.2} µs per relayed packet ({softirq:.2} µs softirq)"
+        );
     }
 }
