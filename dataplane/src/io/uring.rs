@@ -1,9 +1,17 @@
-//! The io_uring backend: one ring per shard thread, used as a readiness notifier. Each watched
-//! socket has a one-shot `POLL_ADD` in the ring; when it completes, the shard reads the socket
-//! with its batched syscalls (`recvmmsg`, `accept4`, `read`) and the poll is armed again in the
-//! same `io_uring_enter` that waits for the next completions, so a wakeup costs one syscall
-//! however many sockets were ready. A one-shot poll armed on a socket that still holds data
-//! completes at once, which gives the same level-triggered contract as the epoll backend.
+//! The io_uring backend: one ring per shard thread, used as a readiness notifier. The shard
+//! reads a ready socket with its batched syscalls (`recvmmsg`, `accept4`, `read`).
+//!
+//! Datagram sockets (listeners and relays: the per-packet path) have a multishot `POLL_ADD`,
+//! armed once: it completes every time datagrams arrive and stays armed, so serving a packet
+//! submits nothing. That is edge-triggered, which is sound because the shard reads a datagram
+//! socket until `recvmmsg` returns a short batch (the queue was empty then; whatever arrives
+//! later completes the poll again) or says it has more ([`Readiness::More`]).
+//!
+//! Stream sockets and stream listeners (whose reads may leave bytes behind) have a one-shot poll,
+//! armed again in the same `io_uring_enter` that waits for the next completions once the shard
+//! has served them; a one-shot poll armed on a socket that still holds data completes at once,
+//! which gives the level-triggered contract of the epoll backend. A multishot poll the kernel
+//! ends (its completion without `IORING_CQE_F_MORE`) is armed again the same way.
 //!
 //! A socket's poll holds a reference to it in the kernel: closing the fd alone would leave the
 //! socket (and its port) open until the poll completed. Dropping a [`UringWatch`] therefore
@@ -39,6 +47,8 @@ struct Entry {
     /// Tells a completion for this socket from one for an earlier socket with the same fd.
     generation: u32,
     readable_mask: u32,
+    /// The read poll is multishot (datagram sockets).
+    multishot: bool,
     read_armed: bool,
     write_armed: bool,
     /// Waiting in this wakeup's list for the shard (so it is handed over once).
@@ -104,6 +114,7 @@ impl Ring {
             entry.readable_mask
         };
         let poll = opcode::PollAdd::new(types::Fd(fd), mask)
+            .multi(entry.multishot && !write)
             .build()
             .user_data(user_data(fd, entry.generation, write));
         self.push(&poll);
@@ -221,6 +232,7 @@ impl Driver for Uring {
             token,
             generation,
             readable_mask,
+            multishot: matches!(interest, Interest::Datagrams),
             read_armed: false,
             write_armed: false,
             queued: false,
@@ -299,7 +311,7 @@ pub(super) fn run(setup: ShardSetup) -> io::Result<()> {
         next_generation: 0,
     }));
     let mut shard = Shard::new(&setup, Uring { ring: ring.clone() });
-    let mut completions: Vec<u64> = Vec::with_capacity(RING_ENTRIES as usize);
+    let mut completions: Vec<(u64, bool)> = Vec::with_capacity(RING_ENTRIES as usize);
     let mut ready: Vec<Ready> = Vec::with_capacity(RING_ENTRIES as usize);
     // Sockets the shard left with data (it serves the others before coming back).
     let mut more: Vec<Ready> = Vec::new();
@@ -324,9 +336,13 @@ pub(super) fn run(setup: ShardSetup) -> io::Result<()> {
                 }
             }
             completions.clear();
-            completions.extend(ring.ring.completion().map(|c: cqueue::Entry| c.user_data()));
+            completions.extend(
+                ring.ring
+                    .completion()
+                    .map(|c: cqueue::Entry| (c.user_data(), cqueue::more(c.flags()))),
+            );
             ready.clear();
-            for &data in &completions {
+            for &(data, armed) in &completions {
                 if data == IGNORED {
                     continue;
                 }
@@ -334,10 +350,11 @@ pub(super) fn run(setup: ShardSetup) -> io::Result<()> {
                 let Some(entry) = ring.entry(fd, generation) else {
                     continue;
                 };
+                // A multishot poll stays armed until a completion without F_MORE.
                 if write {
-                    entry.write_armed = false;
+                    entry.write_armed = armed;
                 } else {
-                    entry.read_armed = false;
+                    entry.read_armed = armed;
                 }
                 // Any completion of a live socket's poll, errors included, lets the shard
                 // look: its read tells what happened, and the poll is armed again.

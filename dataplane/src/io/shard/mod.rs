@@ -395,12 +395,20 @@ impl<D: Driver> Shard<D> {
         batch: &mut RecvBatch,
         mut handle: impl FnMut(&mut Self, Instant, Datagram<'_>),
     ) -> Readiness {
+        let mut failed = false;
         for _ in 0..ROUNDS {
             let count = match batch.recv(fd) {
                 Ok(count) => count,
+                // A pending socket error is reported once and cleared: the next round reads
+                // what is queued behind it (an edge-triggered backend would not report the
+                // socket again for datagrams that are already waiting).
                 Err(e) => {
                     tracing::debug!(target: "stunner", "receive failed: {e}");
-                    return Readiness::Drained;
+                    if failed {
+                        return Readiness::Drained;
+                    }
+                    failed = true;
+                    continue;
                 }
             };
             let now = Instant::now();
