@@ -50,6 +50,7 @@ fn bench(backend: IoBackend, quick: bool) {
         backend,
         limits: Default::default(),
         stream_limits: Default::default(),
+        offload: None,
     })
     .unwrap();
     std::thread::sleep(Duration::from_millis(300));

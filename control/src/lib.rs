@@ -87,6 +87,8 @@ pub struct ControlConfig {
     pub metrics: MetricsSource,
     /// `--force-ready-status`: `/ready` answers 200 always, also while draining.
     pub force_ready: bool,
+    /// Adds what the dataplane reports (the kernel offload) to each `/status` body.
+    pub dataplane_status: DataplaneStatus,
     /// `--discovery-timeout`: how long `/ready` waits for the first full EndpointSlice list of
     /// each Service a KUBERNETES cluster names (zero: not at all, as stunnerd).
     pub discovery_timeout: Duration,
@@ -99,6 +101,10 @@ pub struct ControlConfig {
 /// Records the dataplane's metrics into the given recorder at each scrape; the metrics
 /// server renders what was recorded as Prometheus text.
 pub type MetricsSource = Arc<dyn Fn(&dyn metrics::Recorder) + Send + Sync>;
+
+/// See [`ControlConfig::dataplane_status`].
+pub type DataplaneStatus =
+    Arc<dyn Fn(&mut serde_json::Map<String, serde_json::Value>) + Send + Sync>;
 
 /// See [`ControlConfig::check`].
 pub type ConfigCheck = Box<dyn Fn(&StunnerConfig, &StunnerConfig) -> Result<(), String> + Send>;
@@ -120,6 +126,7 @@ impl Control {
         let status = Arc::new(StatusBoard::new(
             config.allocations.clone(),
             config.force_ready,
+            config.dataplane_status.clone(),
         ));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

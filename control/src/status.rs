@@ -21,6 +21,7 @@ struct StatusView {
 pub(crate) struct StatusBoard {
     allocations: Arc<dyn Fn() -> u64 + Send + Sync>,
     force_ready: bool,
+    dataplane: crate::DataplaneStatus,
     view: Mutex<StatusView>,
 }
 
@@ -75,6 +76,7 @@ impl HealthSource for StatusBoard {
         };
         doc.insert("status".into(), json!(status));
         doc.insert("discovery".into(), view.discovery.clone());
+        (self.dataplane)(&mut doc);
         Value::Object(doc).to_string()
     }
 }
@@ -85,10 +87,12 @@ impl StatusBoard {
     pub(crate) fn new(
         allocations: Arc<dyn Fn() -> u64 + Send + Sync>,
         force_ready: bool,
+        dataplane: crate::DataplaneStatus,
     ) -> StatusBoard {
         StatusBoard {
             allocations,
             force_ready,
+            dataplane,
             view: Mutex::new(StatusView::default()),
         }
     }

@@ -30,6 +30,8 @@ pub struct DataplaneConfig {
     pub limits: crate::proto::Limits,
     /// Caps on TCP/TLS connections that have not authenticated.
     pub stream_limits: admission::StreamLimits,
+    /// The kernel offload, if it runs (see [`super::offload::start`]).
+    pub offload: Option<Arc<super::offload::Offload>>,
 }
 
 /// A running dataplane: its shards and their published counters.
@@ -81,6 +83,7 @@ impl Dataplane {
                 stats: stats.clone(),
                 groups: groups.clone(),
                 admission: admission.clone(),
+                offload: config.offload.clone(),
             };
             let name = format!("uturn-shard-{index}");
             let backend = config.backend;

@@ -113,6 +113,11 @@ pub struct ShardReport {
     pub stream_buffer_bytes: u64,
     /// TCP/TLS connections whose client holds no allocation yet.
     pub unauthenticated_connections: u64,
+    /// Channels the kernel offload relays now.
+    pub offload_channels: u64,
+    /// Datagrams the kernel offload relayed: client → peer, peer → client (also counted in
+    /// the listener and cluster counters).
+    pub offloaded_packets: [u64; 2],
 }
 
 /// One name's counters summed over the shards.
@@ -260,4 +265,17 @@ fn record_totals(shards: &[ShardStats]) {
         "Bytes of memory held by TCP/TLS connections' send and receive buffers"
     );
     gauge!("uturn_stream_buffer_bytes").set(sum(|r| r.stream_buffer_bytes) as f64);
+    describe_gauge!(
+        "uturn_offload_channels",
+        "Channels the kernel offload relays now"
+    );
+    gauge!("uturn_offload_channels").set(sum(|r| r.offload_channels) as f64);
+    describe_counter!(
+        "uturn_offloaded_packets_total",
+        "Datagrams the kernel offload relayed (also in the listener and cluster counters)"
+    );
+    for (i, direction) in ["to_peer", "to_client"].into_iter().enumerate() {
+        let relayed: u64 = reports.iter().map(|r| r.offloaded_packets[i]).sum();
+        counter!("uturn_offloaded_packets_total", "direction" => direction).absolute(relayed);
+    }
 }

@@ -13,6 +13,7 @@ mod epoll;
 mod groups;
 mod launch;
 pub mod metrics;
+pub mod offload;
 mod placement;
 pub mod ports;
 pub mod probe;

@@ -22,7 +22,7 @@ use std::time::Instant;
 use stun_proto::types::message::{IntegrityKey, Message, MessageClass, BINDING};
 use turn_types::attribute::Lifetime;
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, REFRESH, SEND};
-use uturn_shared::snapshot::Snapshot;
+use uturn_shared::snapshot::{ClusterId, Snapshot};
 
 /// Engine construction parameters.
 #[derive(Clone)]
@@ -109,6 +109,28 @@ pub struct Engine {
     stats: EngineStats,
     denial_log: LogLimiter,
     challenges: ChallengeLimiter,
+    /// With a kernel offload: allocations whose offloadable channels may have changed, drained
+    /// by [`Engine::poll_offload`].
+    offload_changes: Option<Vec<RelayId>>,
+}
+
+/// A channel the kernel may relay: bound, its permission live, its peer admitted by the
+/// running snapshot, until `expires_at` (the first of the channel's, the permission's and the
+/// allocation's ends).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffloadChannel {
+    /// The listener the client talks to.
+    pub listener: ListenerId,
+    /// The client's address.
+    pub client: SocketAddr,
+    /// The channel number.
+    pub number: u16,
+    /// The peer bound to it.
+    pub peer: SocketAddr,
+    /// When the kernel must stop relaying it unless told again.
+    pub expires_at: Instant,
+    /// The cluster that admitted the peer.
+    pub cluster: ClusterId,
 }
 
 impl Engine {
@@ -129,7 +151,44 @@ impl Engine {
             indication_txids: StdRng::from_entropy(),
             stats: EngineStats::default(),
             denial_log: LogLimiter::default(),
+            offload_changes: None,
         }
+    }
+
+    /// Tells the engine that a kernel offload relays channels: from now on it records which
+    /// allocations' channels may have changed ([`Engine::poll_offload`]).
+    pub fn enable_offload(&mut self) {
+        self.offload_changes.get_or_insert_with(Vec::new);
+    }
+
+    /// The next allocation whose offloadable channels may have changed (a ChannelBind,
+    /// CreatePermission or Refresh on it): read them with [`Engine::offload_channels`]. An
+    /// ended allocation is reported by [`Engine::poll_close`] instead.
+    pub fn poll_offload(&mut self) -> Option<RelayId> {
+        self.offload_changes.as_mut()?.pop()
+    }
+
+    /// Reports every allocation with channels through [`Engine::poll_offload`]: the shell
+    /// calls it when the snapshot changes, which may admit or deny peers.
+    pub fn recheck_offload(&mut self) {
+        if let Some(changes) = self.offload_changes.as_mut() {
+            changes.clear();
+            changes.extend(self.allocations.with_channels().map(RelayId));
+        }
+    }
+
+    /// The channels of allocation `relay` that the kernel may relay at `now` under `snap`
+    /// (none if the allocation ended).
+    pub fn offload_channels(
+        &mut self,
+        relay: RelayId,
+        snap: &Snapshot,
+        now: Instant,
+    ) -> Vec<OffloadChannel> {
+        let Some(alloc) = self.allocations.get_mut(relay.0) else {
+            return Vec::new();
+        };
+        alloc.offload_channels(snap, now)
     }
 
     /// Live allocations on this shard.
@@ -324,6 +383,13 @@ impl Engine {
             return Err(RequestError::NoAllocation);
         };
         let denial_log = &mut self.denial_log;
+        if let Some(changes) = self.offload_changes.as_mut() {
+            // The request may extend or add what the kernel relays for this allocation; the
+            // shell reads it back through `offload_channels` (a failure changes nothing).
+            if !changes.contains(&RelayId(slot)) {
+                changes.push(RelayId(slot));
+            }
+        }
         match msg.method() {
             REFRESH => {
                 let lifetime = allocate::refresh(alloc, now, msg)?;

@@ -35,7 +35,7 @@ pub use contract::{
     Bytes, ClientAction, DropReason, Family, ListenerId, ListenerRef, PeerAction, RelayBindError,
     RelayId, RelayRequest, PEER_HEADROOM,
 };
-pub use engine::{Engine, EngineConfig, EngineStats};
+pub use engine::{Engine, EngineConfig, EngineStats, OffloadChannel};
 pub use limits::{AllocationLedger, Limits};
 pub use nonce::{NonceCheck, NonceIssuer, NONCE_LIFETIME_SECS};
 

@@ -180,6 +180,39 @@ impl Allocation {
         cluster.ok_or(DropReason::NotAdmitted)
     }
 
+    /// The channels the kernel may relay at `now`: live, with a live permission, admitted
+    /// by `snap` (see [`super::engine::OffloadChannel`]).
+    pub(super) fn offload_channels(
+        &mut self,
+        snap: &Snapshot,
+        now: Instant,
+    ) -> Vec<super::engine::OffloadChannel> {
+        let (key, alloc_expires) = (self.key, self.expires_at);
+        let listener_name = &self.listener_name;
+        let permissions = &self.permissions;
+        self.channels
+            .iter_mut()
+            .filter(|c| c.expires_at > now)
+            .filter_map(|channel| {
+                let permission = permissions
+                    .iter()
+                    .find(|p| p.ip == channel.peer.ip() && p.expires_at > now)?;
+                let cluster = channel.admitted(snap, listener_name)?;
+                Some(super::engine::OffloadChannel {
+                    listener: key.listener,
+                    client: key.client,
+                    number: channel.number,
+                    peer: channel.peer,
+                    expires_at: channel
+                        .expires_at
+                        .min(permission.expires_at)
+                        .min(alloc_expires),
+                    cluster,
+                })
+            })
+            .collect()
+    }
+
     /// Installs or refreshes the permission for `ip`, within `max_permissions`.
     pub(super) fn install_permission(
         &mut self,
@@ -296,6 +329,14 @@ impl AllocationStore {
             .filter(|(key, _)| key.listener == listener)
             .map(|(_, &slot)| slot)
             .collect()
+    }
+
+    /// The slots of the allocations that have channels.
+    pub(super) fn with_channels(&self) -> impl Iterator<Item = u32> + '_ {
+        self.by_client
+            .values()
+            .copied()
+            .filter(|&slot| self.get(slot).is_some_and(|a| !a.channels.is_empty()))
     }
 
     /// Drops the permissions and channels that expired by `now`.

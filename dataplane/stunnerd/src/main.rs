@@ -13,6 +13,7 @@ use uturn_control::kubernetes::KubeOptions;
 use uturn_control::origin::{load_once, ConfigOrigin};
 use uturn_control::{Control, ControlConfig, Source};
 use uturn_dataplane::io::check::{check_config, check_tls_material, SharedPorts};
+use uturn_dataplane::io::offload::{self, OffloadMode};
 use uturn_dataplane::io::{
     select_backend, usable_cpus, BackendChoice, Dataplane, DataplaneConfig, IoBackend,
 };
@@ -71,6 +72,11 @@ struct Cli {
         default_value_t = IoBackendFlag::Auto
     )]
     io_engine: IoBackendFlag,
+    /// Kernel offload of ChannelData: none, tc, xdp or auto (default: the config's
+    /// admin.offload_engine, which defaults to none). tc and auto never stop the server: if the
+    /// program cannot run, it relays in user space and logs why.
+    #[arg(long = "offload", env = "UTURN_OFFLOAD", value_name = "MODE")]
+    offload: Option<String>,
     /// uturn: how long /ready waits for the first EndpointSlice list of each Service that a
     /// KUBERNETES cluster names; after it, ready anyway with a warning (0: do not wait).
     #[arg(long = "discovery-timeout", value_name = "SECONDS", default_value_t = uturn_control::DEFAULT_DISCOVERY_TIMEOUT.as_secs())]
@@ -394,8 +400,22 @@ fn main() -> ExitCode {
         },
         cli.udp_thread_num.max(1)
     );
+    let offload_mode = match cli
+        .offload
+        .as_deref()
+        .unwrap_or(config.admin.offload_engine.as_str())
+        .parse::<OffloadMode>()
+    {
+        Ok(mode) => mode,
+        Err(e) => {
+            tracing::error!(target: "stunnerd", "--offload: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let (offload, offload_status) = offload::start(offload_mode, &config.admin.offload_interfaces);
     let dataplane = match Dataplane::start(DataplaneConfig {
         shards,
+        offload,
         udp_thread_num: cli.udp_thread_num,
         snapshot: snapshot.clone(),
         nonce_key,
@@ -419,6 +439,7 @@ fn main() -> ExitCode {
     };
     let stats = dataplane.stats_handle();
     let scrape_stats = dataplane.stats_handle();
+    let status_stats = dataplane.stats_handle();
     let follow_loglevel = cli_log.is_none();
     let running_loglevel = std::sync::Mutex::new(log_spec);
     let control = match Control::start(ControlConfig {
@@ -446,6 +467,24 @@ fn main() -> ExitCode {
             uturn_dataplane::io::metrics::record(&scrape_stats, recorder)
         }),
         force_ready: cli.force_ready_status,
+        dataplane_status: Arc::new(
+            move |doc: &mut serde_json::Map<String, serde_json::Value>| {
+                let channels: u64 = status_stats
+                    .iter()
+                    .map(|s| s.report.lock().map(|r| r.offload_channels).unwrap_or(0))
+                    .sum();
+                doc.insert(
+                    "offload".into(),
+                    serde_json::json!({
+                        "requested": format!("{:?}", offload_status.requested).to_lowercase(),
+                        "running": offload_status.running,
+                        "reason": offload_status.reason,
+                        "interfaces": offload_status.interfaces,
+                        "channels": channels,
+                    }),
+                );
+            },
+        ),
         check: Box::new(move |running: &StunnerConfig, new: &StunnerConfig| {
             check_config(running, new, shared_ports)
         }),

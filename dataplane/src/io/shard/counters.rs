@@ -29,6 +29,10 @@ pub(super) struct Counters {
     pub refused_connections: [u64; 2],
     pub listeners: CountersByName,
     pub clusters: CountersByName,
+    /// Channels the kernel offload relays for this shard now.
+    pub offload_channels: u64,
+    /// Datagrams it relayed: client → peer, peer → client.
+    pub offloaded_packets: [u64; 2],
     /// `ClusterId` → slot in `clusters`, for the snapshot generation `cluster_generation`.
     cluster_slots: Vec<usize>,
     cluster_generation: Option<u64>,
@@ -123,6 +127,8 @@ impl Counters {
             refused_connections: self.refused_connections,
             stream_buffer_bytes: conns.buffered_bytes(),
             unauthenticated_connections: conns.unauthenticated(),
+            offload_channels: self.offload_channels,
+            offloaded_packets: self.offloaded_packets,
         };
         report.dropped[DropReason::Malformed.index()] += self.unparsed;
         for open in report.listeners.open.iter_mut() {

@@ -29,6 +29,7 @@ use super::admission::StreamAdmission;
 use super::driver::{Driver, Readiness, Token, TICK};
 use super::groups::ListenerGroups;
 use super::metrics::ShardStats;
+use super::offload::{Offload, OffloadTable, COUNTER_SYNC};
 use super::socket::{canonical, for_socket};
 use super::stream::Closed;
 use super::sys;
@@ -87,6 +88,8 @@ pub(super) struct ShardSetup {
     pub groups: Arc<ListenerGroups>,
     /// Places for unauthenticated TCP/TLS connections, shared by all shards.
     pub admission: Arc<StreamAdmission>,
+    /// The kernel offload, if it runs.
+    pub offload: Option<Arc<Offload>>,
 }
 
 /// One shard: the TURN engine and the parts that own its sockets, buffers and counters.
@@ -107,25 +110,35 @@ pub(super) struct Shard<D: Driver> {
     next_sweep: Instant,
     /// Warnings about exhausted resources (descriptors, ports), which a client can cause.
     resource_log: LogLimiter,
+    /// With the kernel offload: when its counters are read next, and the snapshot generation
+    /// its entries were checked against.
+    next_offload_sync: Instant,
+    offload_generation: u64,
 }
 
 impl<D: Driver> Shard<D> {
     /// A shard with no listeners yet (they open on the first tick), driven by `driver`.
     pub(super) fn new(setup: &ShardSetup, driver: D) -> Shard<D> {
+        let mut engine = Engine::new(setup.engine.clone());
+        if setup.offload.is_some() {
+            engine.enable_offload();
+        }
         Shard {
             index: setup.index,
-            engine: Engine::new(setup.engine.clone()),
+            engine,
             snapshots: Snapshots::new(&setup.snapshot),
             listeners: Listeners::new(),
             conns: ConnTable::new(setup.admission.clone()),
             datagrams: Datagrams::new(),
-            relays: Relays::new(),
+            relays: Relays::new(setup.offload.clone().map(OffloadTable::new)),
             counters: Counters::default(),
             driver,
             out: vec![0u8; BUFFER].into_boxed_slice(),
             scratch: Some(vec![0u8; SCRATCH].into_boxed_slice()),
             next_sweep: Instant::now() + SWEEP,
             resource_log: Default::default(),
+            next_offload_sync: Instant::now() + COUNTER_SYNC,
+            offload_generation: 0,
         }
     }
 
@@ -150,6 +163,9 @@ impl<D: Driver> Shard<D> {
             self.next_sweep = now + SWEEP;
             self.sweep(now);
         }
+        if self.relays.offload.is_some() {
+            self.tick_offload(now);
+        }
         self.counters.publish(
             &setup.stats[self.index],
             &self.engine,
@@ -170,6 +186,88 @@ impl<D: Driver> Shard<D> {
             *next_tick = now + TICK;
         }
         true
+    }
+
+    /// Installs and removes the kernel offload's entries of the allocations the engine reports.
+    fn sync_offload(&mut self, now: Instant) {
+        while let Some(relay) = self.engine.poll_offload() {
+            self.offload_allocation(relay, now);
+        }
+    }
+
+    /// Makes the kernel relay exactly the offloadable channels of allocation `relay`: those
+    /// of TURN-UDP clients (the program sees no other transport).
+    fn offload_allocation(&mut self, relay: RelayId, now: Instant) {
+        let snap = self.snapshots.serving();
+        let channels: Vec<_> = self
+            .engine
+            .offload_channels(relay, snap, now)
+            .into_iter()
+            .filter_map(|channel| {
+                let listener = self.listeners.get(channel.listener)?;
+                matches!(listener.transport, ListenerTransport::Udp)
+                    .then(|| (channel, listener.spec.port))
+            })
+            .collect();
+        self.relays.offload_channels(relay, &channels);
+    }
+
+    /// Reads the offload's counters into the shard's, checks every allocation again when the
+    /// snapshot changed, and the allocations whose entries ended.
+    fn tick_offload(&mut self, now: Instant) {
+        let generation = self.snapshots.serving().generation;
+        if generation != self.offload_generation {
+            self.offload_generation = generation;
+            self.engine.recheck_offload();
+            self.sync_offload(now);
+        }
+        if now >= self.next_offload_sync {
+            self.next_offload_sync = now + COUNTER_SYNC;
+            let ended = match self.relays.offload.as_mut() {
+                Some(table) => table.sync(now, &mut self.relays.offload_deltas),
+                None => Vec::new(),
+            };
+            for relay in ended {
+                self.offload_allocation(relay, now);
+            }
+        }
+        self.count_offloaded();
+        self.counters.offload_channels = self.relays.offload.as_ref().map_or(0, |t| t.len() as u64);
+    }
+
+    /// Adds what the kernel relayed to the counters, as if the shard had relayed it.
+    fn count_offloaded(&mut self) {
+        if self.relays.offload_deltas.is_empty() {
+            return;
+        }
+        let deltas = std::mem::take(&mut self.relays.offload_deltas);
+        let snap = self.snapshots.serving();
+        let counters = &mut self.counters;
+        for delta in &deltas {
+            let (out, into) = (delta.out, delta.into);
+            counters.offloaded_packets[0] += out.packets;
+            counters.offloaded_packets[1] += into.packets;
+            counters.listener_rx_packets += out.packets;
+            counters.relayed_to_peer += out.packets;
+            counters.relayed_to_client += into.packets;
+            if let Some(listener) = self.listeners.get(delta.listener) {
+                let traffic = &mut counters.listeners.traffic[listener.metric];
+                // The client's datagrams carry the 4-byte ChannelData header.
+                traffic.rx_packets += out.packets;
+                traffic.rx_bytes += out.bytes + 4 * out.packets;
+                traffic.tx_packets += into.packets;
+                traffic.tx_bytes += into.bytes + 4 * into.packets;
+            }
+            if let Some(slot) = counters.cluster(snap, delta.cluster) {
+                let traffic = &mut counters.clusters.traffic[slot];
+                traffic.tx_packets += out.packets;
+                traffic.tx_bytes += out.bytes;
+                traffic.rx_packets += into.packets;
+                traffic.rx_bytes += into.bytes;
+            }
+        }
+        self.relays.offload_deltas = deltas;
+        self.relays.offload_deltas.clear();
     }
 
     /// Closes every socket.
@@ -417,6 +515,9 @@ impl<D: Driver> Shard<D> {
             }
             self.datagrams.flush_to_peers(&mut self.counters);
             self.relays.close_released(&mut self.engine);
+            if self.relays.offload.is_some() {
+                self.sync_offload(now);
+            }
             if count < BATCH {
                 return Readiness::Drained;
             }

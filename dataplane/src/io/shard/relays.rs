@@ -2,21 +2,35 @@
 //! one (an Allocate) and closed when it says an allocation ended.
 
 use crate::io::driver::{Driver, Interest, Token, Watched};
+use crate::io::offload::{Delta, OffloadTable};
 use crate::io::socket::relay_socket;
-use crate::proto::{Engine, RelayId, RelayRequest};
+use crate::proto::{Engine, OffloadChannel, RelayId, RelayRequest};
 use std::io;
 use std::os::fd::RawFd;
 
-/// The relay sockets, indexed by [`RelayId`] (the engine reuses ids, so the table stays dense).
+/// A relay socket and its port.
+struct Relay<W> {
+    watched: Watched<W>,
+    port: u16,
+}
+
+/// The relay sockets, indexed by [`RelayId`] (the engine reuses ids, so the table stays dense),
+/// and what the kernel offload relays for them.
 pub(super) struct Relays<W> {
-    sockets: Vec<Option<Watched<W>>>,
+    sockets: Vec<Option<Relay<W>>>,
+    /// The kernel offload's entries of this shard's allocations, if it runs.
+    pub offload: Option<OffloadTable>,
+    /// What offload entries relayed until they were removed, for the counters.
+    pub offload_deltas: Vec<Delta>,
 }
 
 impl<W> Relays<W> {
     /// No relay sockets.
-    pub(super) fn new() -> Relays<W> {
+    pub(super) fn new(offload: Option<OffloadTable>) -> Relays<W> {
         Relays {
             sockets: Vec::new(),
+            offload,
+            offload_deltas: Vec::new(),
         }
     }
 
@@ -32,7 +46,7 @@ impl<W> Relays<W> {
         if self.sockets.len() <= slot {
             self.sockets.resize_with(slot + 1, || None);
         }
-        self.sockets[slot] = Some(watched);
+        self.sockets[slot] = Some(Relay { watched, port });
         Ok(port)
     }
 
@@ -41,12 +55,29 @@ impl<W> Relays<W> {
         self.sockets
             .get(relay.0 as usize)
             .and_then(Option::as_ref)
-            .map(|watched| watched.fd)
+            .map(|relay| relay.watched.fd)
+    }
+
+    /// Makes the kernel offload relay `channels` (each with its listener's port) of allocation
+    /// `relay`, and nothing else of it.
+    pub(super) fn offload_channels(&mut self, relay: RelayId, channels: &[(OffloadChannel, u16)]) {
+        let port = self
+            .sockets
+            .get(relay.0 as usize)
+            .and_then(Option::as_ref)
+            .map(|r| r.port);
+        if let (Some(table), Some(port)) = (self.offload.as_mut(), port) {
+            table.set(relay, port, channels, &mut self.offload_deltas);
+        }
     }
 
     /// Closes the sockets of every allocation `engine` has ended since the last call.
     pub(super) fn close_released(&mut self, engine: &mut Engine) {
         while let Some(relay) = engine.poll_close() {
+            // The kernel stops relaying for it before its port can be reused.
+            if let Some(table) = self.offload.as_mut() {
+                table.forget(relay, &mut self.offload_deltas);
+            }
             if let Some(slot) = self.sockets.get_mut(relay.0 as usize) {
                 *slot = None;
             }
@@ -55,6 +86,11 @@ impl<W> Relays<W> {
 
     /// Closes every relay socket.
     pub(super) fn clear(&mut self) {
+        if let Some(table) = self.offload.as_mut() {
+            for relay in 0..self.sockets.len() {
+                table.forget(RelayId(relay as u32), &mut self.offload_deltas);
+            }
+        }
         self.sockets.clear();
     }
 }

@@ -1,0 +1,638 @@
+//! The kernel offload (`--offload`): an eBPF program at TC ingress of the interfaces that carry
+//! client and peer traffic relays the ChannelData of established channels without waking a
+//! shard (`offload.c` says what it does to a packet).
+//!
+//! User space stays the authority. [`start`] loads the program once for the process (its maps
+//! shared by the shards) and attaches it with tcx links, which the kernel removes when the
+//! process exits, however it exits. Each shard keeps an [`OffloadTable`] of the entries of its
+//! own allocations: it installs a channel's pair of entries when the engine reports a change on
+//! the allocation ([`crate::proto::Engine::poll_offload`]) and the channel is bound, its
+//! permission live and its peer admitted; it removes them when the allocation ends, and when a
+//! later check (a request on the allocation, a new snapshot, the entry's end) finds the channel
+//! no longer offloadable. Every entry carries the instant it ends, which the program checks per
+//! packet, so a channel or permission expires exactly as it does in user space. Once per
+//! second the shard reads the entries' counters into its own metrics.
+
+mod bpf;
+mod object;
+
+pub use bpf::TestRun;
+
+use crate::proto::{OffloadChannel, RelayId};
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uturn_shared::snapshot::ClusterId;
+
+/// The program clang built from `offload.c` (see `build.rs`), if it was built.
+#[cfg(uturn_bpf)]
+const OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/offload.o")));
+#[cfg(not(uturn_bpf))]
+const OBJECT: Option<&[u8]> = None;
+
+/// Entries per direction across all shards (hash maps allocated as entries are added).
+const MAX_ENTRIES: u32 = 262_144;
+/// Bytes of the per-CPU scratch buffer (`SCRATCH` in `offload.c`).
+const SCRATCH: usize = 2048;
+/// How often a shard reads its entries' counters.
+pub(crate) const COUNTER_SYNC: Duration = Duration::from_secs(1);
+
+/// `--offload`: which kernel offload to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OffloadMode {
+    /// None (the default until it has run in the field).
+    #[default]
+    None,
+    /// TC ingress (tcx links, Linux 6.6).
+    Tc,
+    /// XDP.
+    Xdp,
+    /// TC if the kernel, the capabilities and the build allow it, else none.
+    Auto,
+}
+
+impl std::str::FromStr for OffloadMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<OffloadMode, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "none" => Ok(OffloadMode::None),
+            "tc" => Ok(OffloadMode::Tc),
+            "xdp" => Ok(OffloadMode::Xdp),
+            "auto" => Ok(OffloadMode::Auto),
+            _ => Err(format!("unknown offload {s:?}: use none, tc, xdp or auto")),
+        }
+    }
+}
+
+/// What [`start`] chose and why, for the log and `/status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffloadStatus {
+    /// What runs: `none` or `tc`.
+    pub running: &'static str,
+    /// What was asked for.
+    pub requested: OffloadMode,
+    /// Why it runs or not, with the fix when it does not.
+    pub reason: String,
+    /// The interfaces the program is attached to.
+    pub interfaces: Vec<String>,
+}
+
+/// The loaded program and its maps, shared by the shards; dropping the last handle detaches
+/// the program from every interface.
+pub struct Offload {
+    out: bpf::Map,
+    into: bpf::Map,
+    _scratch: bpf::Map,
+    program: OwnedFd,
+    links: Vec<OwnedFd>,
+}
+
+impl std::fmt::Debug for Offload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Offload")
+            .field("links", &self.links.len())
+            .finish()
+    }
+}
+
+/// Why the offload cannot run, with the fix.
+fn unavailable(e: &io::Error, what: &str) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => format!(
+            "{what}: {e}; the process needs CAP_BPF and CAP_NET_ADMIN (deploy/overlays/offload adds them)"
+        ),
+        Some(libc::ENOSYS) => format!("{what}: {e}; this kernel has no bpf(2) or a filter denies it"),
+        _ => format!("{what}: {e}"),
+    }
+}
+
+impl Offload {
+    /// Loads the program (not attached anywhere yet).
+    pub fn load() -> Result<Offload, String> {
+        let Some(elf) = OBJECT else {
+            return Err(
+                "this build has no BPF program (clang and libbpf-dev were missing when \
+                        it was built; install them and rebuild)"
+                    .into(),
+            );
+        };
+        let out = bpf::Map::create(
+            "uturn_chan_out",
+            bpf::MAP_HASH,
+            OUT_KEY,
+            OUT_VALUE,
+            MAX_ENTRIES,
+            bpf::MAP_NO_PREALLOC,
+        )
+        .map_err(|e| unavailable(&e, "cannot create a BPF map"))?;
+        let into = bpf::Map::create(
+            "uturn_chan_in",
+            bpf::MAP_HASH,
+            IN_KEY,
+            IN_VALUE,
+            MAX_ENTRIES,
+            bpf::MAP_NO_PREALLOC,
+        )
+        .map_err(|e| unavailable(&e, "cannot create a BPF map"))?;
+        let scratch = bpf::Map::create("uturn_scratch", bpf::MAP_PERCPU_ARRAY, 4, SCRATCH, 1, 0)
+            .map_err(|e| unavailable(&e, "cannot create a BPF map"))?;
+        let maps = HashMap::from([
+            ("chan_out", out.fd()),
+            ("chan_in", into.fd()),
+            ("scratch", scratch.fd()),
+        ]);
+        let program = object::program(elf, "tc", &maps).map_err(|e| e.to_string())?;
+        let program = bpf::load_program(
+            "uturn_offload",
+            bpf::PROG_SCHED_CLS,
+            &program.insns,
+            &program.license,
+        )
+        .map_err(|refused| {
+            format!(
+                "{}{}",
+                unavailable(&refused.error, "the kernel refused the BPF program"),
+                if refused.log.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (verifier: {})", refused.log.replace('\n', " | "))
+                }
+            )
+        })?;
+        Ok(Offload {
+            out,
+            into,
+            _scratch: scratch,
+            program,
+            links: Vec::new(),
+        })
+    }
+
+    /// Attaches the program at TC ingress of interface `name`.
+    pub fn attach(&mut self, name: &str) -> Result<(), String> {
+        let index = ifindex(name).map_err(|e| format!("interface {name}: {e}"))?;
+        let link = bpf::link_create(&self.program, index, bpf::ATTACH_TCX_INGRESS).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                format!("cannot attach to {name}: {e}; TC offload needs tcx links (Linux 6.6 or later)")
+            } else {
+                unavailable(&e, &format!("cannot attach to {name}"))
+            }
+        })?;
+        self.links.push(link);
+        Ok(())
+    }
+
+    /// Runs the program `repeat` times on `packet` (an Ethernet frame), in the kernel
+    /// (`BPF_PROG_TEST_RUN`): the benchmark of its per-packet cost.
+    pub fn test_run(&self, packet: &[u8], repeat: u32) -> io::Result<TestRun> {
+        bpf::test_run(&self.program, packet, repeat)
+    }
+
+    /// Installs a channel by hand (benchmarks and tests of the program itself; the shards
+    /// install what the engine admits).
+    pub fn install(&self, entry: &EntrySpec) -> io::Result<()> {
+        self.out.update(&entry.out_key(), &entry.out_value())?;
+        self.into.update(&entry.in_key(), &entry.in_value())
+    }
+}
+
+/// Interface names to attach to when none are configured: every interface that is up and
+/// carries Ethernet frames (or is the loopback), as `/sys/class/net` lists them.
+pub fn default_interfaces() -> Vec<String> {
+    let mut names = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/sys/class/net") else {
+        return names;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let read = |file: &str| {
+            std::fs::read_to_string(entry.path().join(file))
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_default()
+        };
+        let up = u32::from_str_radix(read("flags").trim_start_matches("0x"), 16)
+            .is_ok_and(|flags| flags & libc::IFF_UP as u32 != 0);
+        // ARPHRD_ETHER, ARPHRD_LOOPBACK: frames start with an Ethernet header.
+        if up && matches!(read("type").as_str(), "1" | "772") {
+            names.push(name);
+        }
+    }
+    names.sort();
+    names
+}
+
+fn ifindex(name: &str) -> io::Result<u32> {
+    let name =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: a NUL-terminated name.
+    match unsafe { libc::if_nametoindex(name.as_ptr()) } {
+        0 => Err(io::Error::last_os_error()),
+        index => Ok(index),
+    }
+}
+
+/// Starts the offload `mode` asks for on `interfaces` (none: [`default_interfaces`]), and logs
+/// one line saying what runs and, if nothing does, why and how to fix it. Never fails: without
+/// an offload the shards relay everything, as with `none`.
+pub fn start(mode: OffloadMode, interfaces: &[String]) -> (Option<Arc<Offload>>, OffloadStatus) {
+    let status = |running, reason: String, interfaces| OffloadStatus {
+        running,
+        requested: mode,
+        reason,
+        interfaces,
+    };
+    let outcome = match mode {
+        OffloadMode::None => Err("offload none (the default)".to_owned()),
+        OffloadMode::Xdp => Err("XDP offload is not built yet: use --offload tc".to_owned()),
+        OffloadMode::Tc | OffloadMode::Auto => {
+            let names = if interfaces.is_empty() {
+                default_interfaces()
+            } else {
+                interfaces.to_vec()
+            };
+            Offload::load().and_then(|mut offload| {
+                let mut attached = Vec::new();
+                let mut errors = Vec::new();
+                for name in &names {
+                    match offload.attach(name) {
+                        Ok(()) => attached.push(name.clone()),
+                        Err(e) => errors.push(e),
+                    }
+                }
+                if attached.is_empty() {
+                    Err(errors
+                        .into_iter()
+                        .next()
+                        .unwrap_or_else(|| "no interface to attach to".to_owned()))
+                } else {
+                    for e in &errors {
+                        tracing::warn!(target: "stunnerd", "offload: {e}");
+                    }
+                    Ok((offload, attached))
+                }
+            })
+        }
+    };
+    match outcome {
+        Ok((offload, attached)) => {
+            let reason = format!("TC ingress program attached to {}", attached.join(", "));
+            tracing::info!(target: "stunnerd", "offload: tc ({reason})");
+            (Some(Arc::new(offload)), status("tc", reason, attached))
+        }
+        Err(reason) => {
+            match mode {
+                OffloadMode::None => {}
+                OffloadMode::Auto => tracing::info!(
+                    target: "stunnerd",
+                    "offload: none (auto: {reason}); relaying in user space"
+                ),
+                _ => tracing::warn!(
+                    target: "stunnerd",
+                    "offload: none ({mode:?} unavailable: {reason}); relaying in user space"
+                ),
+            }
+            (None, status("none", reason, Vec::new()))
+        }
+    }
+}
+
+const OUT_KEY: usize = 12;
+const OUT_VALUE: usize = 48;
+const IN_KEY: usize = 8;
+const IN_VALUE: usize = 56;
+/// Where the counters (packets, bytes, last seen) start in each value.
+const OUT_COUNTERS: usize = 24;
+const IN_COUNTERS: usize = 32;
+
+/// One channel as the program sees it: both directions' addresses, where each leaves, and
+/// when the entry ends (CLOCK_MONOTONIC nanoseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntrySpec {
+    /// The client's address.
+    pub client: SocketAddrV4,
+    /// The listener address the client sends to (its source toward the client).
+    pub listener: SocketAddrV4,
+    /// The channel number.
+    pub channel: u16,
+    /// The relay address (its source toward the peer).
+    pub relay: SocketAddrV4,
+    /// The peer's address.
+    pub peer: SocketAddrV4,
+    /// Where the peer is reached (0: this host).
+    pub peer_ifindex: u32,
+    /// Where the client is reached (0: this host).
+    pub client_ifindex: u32,
+    /// When the program stops relaying the channel.
+    pub expires_ns: u64,
+}
+
+impl EntrySpec {
+    fn out_key(&self) -> [u8; OUT_KEY] {
+        let mut k = [0u8; OUT_KEY];
+        k[0..4].copy_from_slice(&self.client.ip().octets());
+        k[4..6].copy_from_slice(&self.client.port().to_be_bytes());
+        k[6..8].copy_from_slice(&self.listener.port().to_be_bytes());
+        k[8..10].copy_from_slice(&self.channel.to_be_bytes());
+        k
+    }
+
+    fn out_value(&self) -> [u8; OUT_VALUE] {
+        let mut v = [0u8; OUT_VALUE];
+        v[0..4].copy_from_slice(&self.relay.ip().octets());
+        v[4..8].copy_from_slice(&self.peer.ip().octets());
+        v[8..10].copy_from_slice(&self.relay.port().to_be_bytes());
+        v[10..12].copy_from_slice(&self.peer.port().to_be_bytes());
+        v[12..16].copy_from_slice(&self.peer_ifindex.to_ne_bytes());
+        v[16..24].copy_from_slice(&self.expires_ns.to_ne_bytes());
+        v
+    }
+
+    fn in_key(&self) -> [u8; IN_KEY] {
+        let mut k = [0u8; IN_KEY];
+        k[0..4].copy_from_slice(&self.peer.ip().octets());
+        k[4..6].copy_from_slice(&self.peer.port().to_be_bytes());
+        k[6..8].copy_from_slice(&self.relay.port().to_be_bytes());
+        k
+    }
+
+    fn in_value(&self) -> [u8; IN_VALUE] {
+        let mut v = [0u8; IN_VALUE];
+        v[0..4].copy_from_slice(&self.listener.ip().octets());
+        v[4..8].copy_from_slice(&self.client.ip().octets());
+        v[8..10].copy_from_slice(&self.listener.port().to_be_bytes());
+        v[10..12].copy_from_slice(&self.client.port().to_be_bytes());
+        v[12..14].copy_from_slice(&self.channel.to_be_bytes());
+        v[16..20].copy_from_slice(&self.client_ifindex.to_ne_bytes());
+        v[24..32].copy_from_slice(&self.expires_ns.to_ne_bytes());
+        v
+    }
+}
+
+/// Packets and payload bytes an entry relayed in one direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Relayed {
+    /// Datagrams.
+    pub packets: u64,
+    /// Payload bytes (without the 4-byte ChannelData header).
+    pub bytes: u64,
+}
+
+impl Relayed {
+    fn read(value: &[u8], at: usize) -> Relayed {
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&value[at + i * 8..at + i * 8 + 8]);
+            u64::from_ne_bytes(w)
+        };
+        Relayed {
+            packets: word(0),
+            bytes: word(1),
+        }
+    }
+
+    fn since(self, before: Relayed) -> Relayed {
+        Relayed {
+            packets: self.packets.saturating_sub(before.packets),
+            bytes: self.bytes.saturating_sub(before.bytes),
+        }
+    }
+}
+
+/// What an offloaded channel relayed since the last read, for the shard's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Delta {
+    pub listener: crate::proto::ListenerId,
+    pub cluster: ClusterId,
+    /// Client → peer.
+    pub out: Relayed,
+    /// Peer → client.
+    pub into: Relayed,
+}
+
+/// One installed channel.
+struct Installed {
+    spec: EntrySpec,
+    listener: crate::proto::ListenerId,
+    cluster: ClusterId,
+    expires_at: Instant,
+    seen_out: Relayed,
+    seen_in: Relayed,
+}
+
+/// A shard's entries, by allocation.
+pub(crate) struct OffloadTable {
+    offload: Arc<Offload>,
+    by_relay: HashMap<RelayId, Vec<Installed>>,
+    /// CLOCK_MONOTONIC nanoseconds at `epoch` (the clock `Instant` and the program share).
+    epoch: Instant,
+    epoch_ns: u64,
+}
+
+/// The CLOCK_MONOTONIC time, nanoseconds (what `bpf_ktime_get_ns` reads).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The source address this host uses toward `to` (what a wildcard-bound socket sends from),
+/// and whether `to` is an address of this host.
+fn route_to(to: Ipv4Addr) -> Option<(Ipv4Addr, bool)> {
+    let probe = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+    probe.connect((to, 9)).ok()?;
+    let IpAddr::V4(source) = probe.local_addr().ok()?.ip() else {
+        return None;
+    };
+    let local = to.is_loopback() || UdpSocket::bind((to, 0)).is_ok();
+    Some((source, local))
+}
+
+/// The interface this host routes `to` through, by the main table's longest prefix
+/// (`/proc/net/route`).
+fn interface_to(to: Ipv4Addr) -> Option<u32> {
+    let table = std::fs::read_to_string("/proc/net/route").ok()?;
+    let to = u32::from_ne_bytes(to.octets());
+    let mut best: Option<(u32, &str)> = None;
+    for line in table.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (Some(name), Some(dest), Some(mask)) = (f.first(), f.get(1), f.get(7)) else {
+            continue;
+        };
+        let (Ok(dest), Ok(mask)) = (u32::from_str_radix(dest, 16), u32::from_str_radix(mask, 16))
+        else {
+            continue;
+        };
+        if to & mask == dest && best.is_none_or(|(m, _)| mask.count_ones() > m.count_ones()) {
+            best = Some((mask, name));
+        }
+    }
+    ifindex(best?.1).ok()
+}
+
+impl OffloadTable {
+    pub(crate) fn new(offload: Arc<Offload>) -> OffloadTable {
+        OffloadTable {
+            offload,
+            by_relay: HashMap::new(),
+            epoch: Instant::now(),
+            epoch_ns: monotonic_ns(),
+        }
+    }
+
+    fn ns(&self, at: Instant) -> u64 {
+        match at.checked_duration_since(self.epoch) {
+            Some(after) => self.epoch_ns + after.as_nanos() as u64,
+            None => self
+                .epoch_ns
+                .saturating_sub(self.epoch.duration_since(at).as_nanos() as u64),
+        }
+    }
+
+    /// The entry for `channel` of the allocation whose relay socket has port `relay_port`,
+    /// for a client on listener port `listener_port`; `None` where the program cannot relay it
+    /// (IPv6, no route).
+    fn spec(
+        &self,
+        channel: &OffloadChannel,
+        listener_port: u16,
+        relay_port: u16,
+    ) -> Option<EntrySpec> {
+        let (SocketAddr::V4(client), SocketAddr::V4(peer)) = (channel.client, channel.peer) else {
+            return None;
+        };
+        let (listener_ip, client_local) = route_to(*client.ip())?;
+        let (relay_ip, peer_local) = route_to(*peer.ip())?;
+        let ifindex = |ip: Ipv4Addr, local: bool| if local { Some(0) } else { interface_to(ip) };
+        Some(EntrySpec {
+            client,
+            listener: SocketAddrV4::new(listener_ip, listener_port),
+            channel: channel.number,
+            relay: SocketAddrV4::new(relay_ip, relay_port),
+            peer,
+            peer_ifindex: ifindex(*peer.ip(), peer_local)?,
+            client_ifindex: ifindex(*client.ip(), client_local)?,
+            expires_ns: self.ns(channel.expires_at),
+        })
+    }
+
+    /// Makes the entries of allocation `relay` those of `channels` (each with its listener's
+    /// port), keeping the counters of entries that stay; the counts of entries removed.
+    pub(crate) fn set(
+        &mut self,
+        relay: RelayId,
+        relay_port: u16,
+        channels: &[(OffloadChannel, u16)],
+        deltas: &mut Vec<Delta>,
+    ) {
+        let mut old = self.by_relay.remove(&relay).unwrap_or_default();
+        let mut new = Vec::with_capacity(channels.len());
+        for (channel, listener_port) in channels {
+            let Some(spec) = self.spec(channel, *listener_port, relay_port) else {
+                continue;
+            };
+            if let Err(e) = self.offload.install(&spec) {
+                tracing::warn!(target: "stunner", "offload: cannot install channel {:#x} of {}: {e}", spec.channel, spec.client);
+                continue;
+            }
+            let kept = old.iter().position(|o| {
+                o.spec.out_key() == spec.out_key() && o.spec.in_key() == spec.in_key()
+            });
+            let (seen_out, seen_in) = match kept {
+                Some(i) => {
+                    let o = old.swap_remove(i);
+                    (o.seen_out, o.seen_in)
+                }
+                None => Default::default(),
+            };
+            new.push(Installed {
+                spec,
+                listener: channel.listener,
+                cluster: channel.cluster,
+                expires_at: channel.expires_at,
+                seen_out,
+                seen_in,
+            });
+        }
+        for gone in old {
+            self.remove(gone, deltas);
+        }
+        if !new.is_empty() {
+            self.by_relay.insert(relay, new);
+        }
+    }
+
+    /// Removes the entries of allocation `relay` (it ended).
+    pub(crate) fn forget(&mut self, relay: RelayId, deltas: &mut Vec<Delta>) {
+        for gone in self.by_relay.remove(&relay).unwrap_or_default() {
+            self.remove(gone, deltas);
+        }
+    }
+
+    fn remove(&self, mut gone: Installed, deltas: &mut Vec<Delta>) {
+        // Counts first: what it relayed until now is still the allocation's traffic.
+        if let Some(delta) = self.read(&mut gone) {
+            deltas.push(delta);
+        }
+        let _ = self.offload.out.delete(&gone.spec.out_key());
+        let _ = self.offload.into.delete(&gone.spec.in_key());
+    }
+
+    /// What `entry` relayed since its last read.
+    fn read(&self, entry: &mut Installed) -> Option<Delta> {
+        let mut value = [0u8; IN_VALUE];
+        let out = match self
+            .offload
+            .out
+            .lookup(&entry.spec.out_key(), &mut value[..OUT_VALUE])
+        {
+            Ok(true) => Relayed::read(&value, OUT_COUNTERS),
+            _ => entry.seen_out,
+        };
+        let into = match self.offload.into.lookup(&entry.spec.in_key(), &mut value) {
+            Ok(true) => Relayed::read(&value, IN_COUNTERS),
+            _ => entry.seen_in,
+        };
+        let delta = Delta {
+            listener: entry.listener,
+            cluster: entry.cluster,
+            out: out.since(entry.seen_out),
+            into: into.since(entry.seen_in),
+        };
+        entry.seen_out = out;
+        entry.seen_in = into;
+        (delta.out.packets + delta.into.packets > 0).then_some(delta)
+    }
+
+    /// Reads every entry's counters, and removes the entries that ended by `now` (the program
+    /// stopped relaying them at their end already): the allocations to check again, whose
+    /// channels may have been refreshed meanwhile.
+    pub(crate) fn sync(&mut self, now: Instant, deltas: &mut Vec<Delta>) -> Vec<RelayId> {
+        let mut ended = Vec::new();
+        let mut by_relay = std::mem::take(&mut self.by_relay);
+        for (relay, entries) in &mut by_relay {
+            for entry in entries.iter_mut() {
+                if let Some(delta) = self.read(entry) {
+                    deltas.push(delta);
+                }
+            }
+            if entries.iter().any(|e| e.expires_at <= now) {
+                ended.push(*relay);
+            }
+        }
+        self.by_relay = by_relay;
+        ended
+    }
+
+    /// Channels installed.
+    pub(crate) fn len(&self) -> usize {
+        self.by_relay.values().map(Vec::len).sum()
+    }
+}
