@@ -192,11 +192,38 @@ impl Offload {
         bpf::test_run(&self.program, packet, repeat)
     }
 
+    /// The program that only redirects every packet back out of its interface: the limit
+    /// the offload's per-packet cost is measured against (`cargo bench --bench offload`).
+    pub fn limit_program() -> Result<LimitProgram, String> {
+        let elf = OBJECT.ok_or("this build has no BPF program")?;
+        let program =
+            object::program(elf, "tc/limit", &HashMap::new()).map_err(|e| e.to_string())?;
+        bpf::load_program(
+            "uturn_limit",
+            bpf::PROG_SCHED_CLS,
+            &program.insns,
+            &program.license,
+        )
+        .map(LimitProgram)
+        .map_err(|refused| unavailable(&refused.error, "the kernel refused the BPF program"))
+    }
+
     /// Installs a channel by hand (benchmarks and tests of the program itself; the shards
     /// install what the engine admits).
     pub fn install(&self, entry: &EntrySpec) -> io::Result<()> {
         self.out.update(&entry.out_key(), &entry.out_value())?;
         self.into.update(&entry.in_key(), &entry.in_value())
+    }
+}
+
+/// See [`Offload::limit_program`].
+#[derive(Debug)]
+pub struct LimitProgram(OwnedFd);
+
+impl LimitProgram {
+    /// As [`Offload::test_run`].
+    pub fn test_run(&self, packet: &[u8], repeat: u32) -> io::Result<TestRun> {
+        bpf::test_run(&self.0, packet, repeat)
     }
 }
 
