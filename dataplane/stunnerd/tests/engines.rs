@@ -133,61 +133,15 @@ fn auto_runs_uring_where_the_probe_passes_and_says_why_not_elsewhere() {
     assert!(relays_both_ways(port), "{}", server.logs());
 }
 
-/// A seccomp filter (classic BPF) that fails syscall `nr` with EPERM and allows every other:
-/// what containerd 2.x's and Docker 25+'s RuntimeDefault profiles do to `io_uring_setup`.
-fn deny(nr: libc::c_long) -> Vec<libc::sock_filter> {
-    #[cfg(target_arch = "x86_64")]
-    const AUDIT_ARCH: u32 = 0xC000_003E;
-    #[cfg(target_arch = "aarch64")]
-    const AUDIT_ARCH: u32 = 0xC000_00B7;
-    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
-    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
-    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
-    const ALLOW: u32 = 0x7fff_0000; // SECCOMP_RET_ALLOW
-    const ERRNO: u32 = 0x0005_0000; // SECCOMP_RET_ERRNO
-    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
-    vec![
-        op(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
-        op(JEQ_K, 0, 3, AUDIT_ARCH),
-        op(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
-        op(JEQ_K, 0, 1, nr as u32),
-        op(RET_K, 0, 0, ERRNO | libc::EPERM as u32),
-        op(RET_K, 0, 0, ALLOW),
-    ]
-}
-
 /// Starts stunnerd (`--io-engine` `engine`) with a seccomp filter denying syscall `nr`.
 fn start_denying(nr: libc::c_long, engine: &str) -> (Stunnerd, u16, std::path::PathBuf) {
-    use std::os::unix::process::CommandExt;
     let port = free_port();
     let path = config(port);
-    let filter = deny(nr);
     let server = Stunnerd::start_with(
         &[],
         &["-c", &format!("file://{}", path.display())],
         &[("UTURN_IO_ENGINE", engine)],
-        move |command| {
-            // SAFETY: runs in the child between fork and exec and only makes two prctl calls
-            // (async-signal-safe) on memory that the parent built before forking.
-            unsafe {
-                command.pre_exec(move || {
-                    let program = libc::sock_fprog {
-                        len: filter.len() as u16,
-                        filter: filter.as_ptr() as *mut libc::sock_filter,
-                    };
-                    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                        || libc::prctl(
-                            libc::PR_SET_SECCOMP,
-                            libc::SECCOMP_MODE_FILTER,
-                            &program as *const libc::sock_fprog,
-                        ) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        },
+        uturn_testkit::stunnerd::denying(nr),
     );
     (server, port, path)
 }

@@ -109,6 +109,8 @@ struct {
 #define UDP_CSUM_OFF (UDP_OFF + offsetof(struct udphdr, check))
 #define PAYLOAD_OFF (UDP_OFF + 8)
 #define LOOPBACK_IFINDEX 1
+// Not ours: the next program attached to the interface (tcx), or the stack.
+#define NEXT TC_ACT_UNSPEC
 
 struct headers {
 	__u32 saddr;
@@ -120,14 +122,15 @@ struct headers {
 	__u16 tot_len;
 };
 
-// The IPv4/UDP headers of a packet this program may relay, or -1.
+// The IPv4/UDP headers of a packet this program may relay, or -1; `word`: the first 4 bytes
+// of the UDP payload (0 if it is shorter).
 static __always_inline int parse(struct __sk_buff *skb, struct headers *h, __u32 *word)
 {
 	if (skb->protocol != bpf_htons(ETH_P_IP) || skb->gso_segs > 1)
 		return -1;
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
-	if (data + PAYLOAD_OFF + 4 > end) {
+	if (data + PAYLOAD_OFF + 4 > end && skb->len > skb->data_end - skb->data) {
 		if (bpf_skb_pull_data(skb, PAYLOAD_OFF + 4) < 0)
 			return -1;
 		data = (void *)(long)skb->data;
@@ -136,7 +139,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct headers *h, __u32
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + ETH_LEN;
 	struct udphdr *udp = data + UDP_OFF;
-	if (data + PAYLOAD_OFF + 4 > end)
+	if (data + PAYLOAD_OFF > end)
 		return -1;
 	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5 || ip->protocol != IPPROTO_UDP ||
 	    (ip->frag_off & bpf_htons(0x3fff)))
@@ -151,7 +154,9 @@ static __always_inline int parse(struct __sk_buff *skb, struct headers *h, __u32
 	if (h->tot_len != IP_LEN + h->udp_len || h->udp_len < 8 ||
 	    skb->len != ETH_LEN + h->tot_len)
 		return -1;
-	*word = *(__u32 *)(data + PAYLOAD_OFF);
+	*word = 0;
+	if (data + PAYLOAD_OFF + 4 <= end)
+		*word = *(__u32 *)(data + PAYLOAD_OFF);
 	return 0;
 }
 
@@ -225,7 +230,7 @@ int uturn_offload(struct __sk_buff *skb)
 	struct headers h;
 	__u32 word;
 	if (parse(skb, &h, &word) < 0)
-		return TC_ACT_OK;
+		return NEXT;
 	__u32 payload = h.udp_len - 8;
 	__u64 now = bpf_ktime_get_ns();
 	__u32 zero = 0;
@@ -246,7 +251,7 @@ int uturn_offload(struct __sk_buff *skb)
 			__u32 n = length & (SCRATCH - 1);
 			__u8 *buf = bpf_map_lookup_elem(&scratch, &zero);
 			if (now >= v->expires_ns || n != length || n == 0 || !buf)
-				return TC_ACT_OK;
+				return NEXT;
 			__u32 relay_ip = v->relay_ip, peer_ip = v->peer_ip, ifindex = v->ifindex;
 			__u16 relay_port = v->relay_port, peer_port = v->peer_port;
 			if (rewrite(skb, &h, relay_ip, peer_ip, relay_port, peer_port, -4, word) < 0)
@@ -264,18 +269,18 @@ int uturn_offload(struct __sk_buff *skb)
 	struct in_key key = {.peer_ip = h.saddr, .peer_port = h.sport, .relay_port = h.dport};
 	struct in_value *v = bpf_map_lookup_elem(&chan_in, &key);
 	if (!v || now >= v->expires_ns)
-		return TC_ACT_OK;
+		return NEXT;
 	__u32 n = payload & (SCRATCH - 1);
 	__u8 *buf = bpf_map_lookup_elem(&scratch, &zero);
 	if (n != payload || n == 0 || n > SCRATCH - 4 || !buf)
-		return TC_ACT_OK;
+		return NEXT;
 	__u32 listener_ip = v->listener_ip, client_ip = v->client_ip, ifindex = v->ifindex;
 	__u16 listener_port = v->listener_port, client_port = v->client_port;
 	__u32 header = (__u32)v->channel | ((__u32)bpf_htons(payload) << 16);
 	if (bpf_skb_load_bytes(skb, PAYLOAD_OFF, buf + 4, n) < 0)
-		return TC_ACT_OK;
+		return NEXT;
 	if (bpf_skb_change_tail(skb, skb->len + 4, 0) < 0)
-		return TC_ACT_OK;
+		return NEXT;
 	if (rewrite(skb, &h, listener_ip, client_ip, listener_port, client_port, 4, header) < 0)
 		return TC_ACT_SHOT;
 	*(__u32 *)buf = header;

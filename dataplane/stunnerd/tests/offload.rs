@@ -1,0 +1,361 @@
+//! The kernel offload (`--offload tc`) with the real stunnerd: independent clients relay
+//! byte-exact through the TC program, its counters reach the metrics, and everything that ends
+//! a channel in user space (allocation expiry and delete, an endpoint removed from the config)
+//! stops the kernel relaying it, checked on the wire. Where BPF is denied the server falls
+//! back and says why. CI runs as root, which the program needs (CAP_BPF, CAP_NET_ADMIN).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+use uturn_testkit::link::{TurnLink, LINK_CREDS};
+use uturn_testkit::peers::Peer;
+use uturn_testkit::stunnerd::{free_port, metric, status, temp_file, wait_until, Stunnerd};
+use uturn_testkit::turn_client::TurnClient;
+
+/// A server with `--offload MODE` (and `extra` arguments), its health and metrics ports.
+struct Server {
+    server: Stunnerd,
+    port: u16,
+    health: u16,
+    metrics: u16,
+    config: std::path::PathBuf,
+}
+
+fn config_text(port: u16, health: u16, metrics: u16, endpoint: &str) -> String {
+    format!(
+        "version: v1\nadmin: {{name: offload, healthcheck_endpoint: \"http://127.0.0.1:{health}\", \
+         metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
+         auth: {{type: static, credentials: {{username: {}, password: {}}}}}\n\
+         listeners: [{{name: udp, address: 127.0.0.1, port: {port}, routes: [media]}}]\n\
+         clusters: [{{name: media, endpoints: [\"{endpoint}\"]}}]\n",
+        LINK_CREDS.0, LINK_CREDS.1
+    )
+}
+
+fn start(mode: &str, extra: &[&str], customize: impl FnOnce(&mut std::process::Command)) -> Server {
+    let (port, health, metrics) = (free_port(), free_port(), free_port());
+    let config = temp_file("offload.yaml");
+    std::fs::write(&config, config_text(port, health, metrics, "127.0.0.1")).unwrap();
+    let origin = format!("file://{}", config.display());
+    let mut args = vec!["--offload", mode, "-c", &origin];
+    args.extend_from_slice(extra);
+    let server = Stunnerd::start_with(&[], &args, &[], customize);
+    assert!(
+        wait_until(10, || status(health).is_some()),
+        "no /status: {}",
+        server.logs()
+    );
+    Server {
+        server,
+        port,
+        health,
+        metrics,
+        config,
+    }
+}
+
+impl Server {
+    fn addr(&self) -> SocketAddr {
+        ([127, 0, 0, 1], self.port).into()
+    }
+
+    fn offload(&self) -> serde_json::Value {
+        status(self.health)
+            .map(|s| s["offload"].clone())
+            .unwrap_or_default()
+    }
+
+    fn offloaded(&self, direction: &str) -> u64 {
+        metric(
+            self.metrics,
+            &format!("uturn_offloaded_packets_total{{direction=\"{direction}\"}} "),
+        )
+        .unwrap_or(0.0) as u64
+    }
+
+    fn channels(&self) -> u64 {
+        metric(self.metrics, "uturn_offload_channels ").unwrap_or(0.0) as u64
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+/// `n` payloads of 1 to 1 200 bytes, each different from the others.
+fn payloads(n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| {
+            (0..1 + (i * 367) % 1200)
+                .map(|j| (j * 7 + i) as u8)
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn turn_client_proto_relays_byte_exact_through_the_kernel_and_the_metrics_count_it() {
+    let s = start("tc", &[], |_| {});
+    assert_eq!(s.offload()["running"], "tc", "{}", s.server.logs());
+    let peer = Peer::start();
+    let mut client = TurnClient::new(s.addr(), LINK_CREDS.0, LINK_CREDS.1);
+    client.allocate().expect("allocation");
+    assert!(client.bind(peer.addr), "channel refused");
+    assert!(
+        wait_until(5, || s.channels() == 1),
+        "channel not offloaded: {}",
+        s.server.logs()
+    );
+    let sent = payloads(200);
+    for payload in &sent {
+        client.send(peer.addr, payload);
+        client.drive(0.001);
+    }
+    assert!(wait_until(5, || {
+        client.drive(0.05);
+        client.received.len() >= sent.len()
+    }));
+    let mut echoed: Vec<Vec<u8>> = client
+        .received
+        .iter()
+        .map(|(from, data)| {
+            assert_eq!(*from, peer.addr);
+            data.clone()
+        })
+        .collect();
+    let mut expected = sent.clone();
+    echoed.sort();
+    expected.sort();
+    assert_eq!(echoed, expected, "not byte-exact through the kernel");
+    // The kernel relayed all of it (the shard reads its counters once a second), and the
+    // listener and cluster counters include it as if the shard had.
+    let bytes: u64 = sent.iter().map(|p| p.len() as u64).sum();
+    assert!(
+        wait_until(5, || s.offloaded("to_peer") == 200
+            && s.offloaded("to_client") == 200),
+        "offloaded {} / {}",
+        s.offloaded("to_peer"),
+        s.offloaded("to_client")
+    );
+    assert_eq!(peer.counts()[..2], [200, bytes]);
+    let cluster = |d: &str| {
+        metric(
+            s.metrics,
+            &format!("stunner_cluster_bytes_total{{direction=\"{d}\",name=\"media\"}} "),
+        )
+        .unwrap_or(0.0) as u64
+    };
+    assert_eq!((cluster("tx"), cluster("rx")), (bytes, bytes));
+    let listener_tx = metric(
+        s.metrics,
+        "stunner_listener_bytes_total{direction=\"tx\",name=\"udp\"} ",
+    )
+    .unwrap_or(0.0) as u64;
+    // ChannelData back to the client: 4 header bytes per datagram, besides the responses.
+    assert!(listener_tx >= bytes + 4 * 200, "{listener_tx}");
+}
+
+#[test]
+fn uclient_channel_mode_relays_through_the_kernel() {
+    let s = start("tc", &[], |_| {});
+    let peer_port = free_port();
+    let _peer = uturn_testkit::stunnerd::Killed(
+        std::process::Command::new("turnutils_peer")
+            .args(["-p", &peer_port.to_string(), "-L", "127.0.0.1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("turnutils_peer (apt-get install coturn)"),
+    );
+    let output = std::process::Command::new("timeout")
+        .args(["60", "turnutils_uclient", "-c", "-n", "50", "-l", "170"])
+        .args(["-u", LINK_CREDS.0, "-w", LINK_CREDS.1])
+        .args([
+            "-p",
+            &s.port.to_string(),
+            "-e",
+            "127.0.0.1",
+            "-r",
+            &peer_port.to_string(),
+        ])
+        .arg("127.0.0.1")
+        .output()
+        .expect("turnutils_uclient (apt-get install coturn)");
+    let text = String::from_utf8_lossy(&output.stdout).to_string()
+        + &String::from_utf8_lossy(&output.stderr);
+    let last = |key: &str| {
+        text.lines()
+            .rev()
+            .find_map(|l| l.split(key).nth(1))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let (sent, received) = (last("tot_send_msgs="), last("tot_recv_msgs="));
+    assert!(sent > 0, "nothing sent:\n{text}");
+    assert_eq!(received, sent, "lost datagrams:\n{text}");
+    // uclient's messages went through the kernel (its first ones may precede the binding's
+    // install by a round trip, so not necessarily all of them).
+    assert!(
+        wait_until(5, || s.offloaded("to_peer") >= sent / 2
+            && s.offloaded("to_client") >= sent / 2),
+        "sent {sent}, offloaded {} / {}",
+        s.offloaded("to_peer"),
+        s.offloaded("to_client")
+    );
+}
+
+/// A TurnLink with a channel `0x4000` bound to `peer`, on an allocation of `lifetime` seconds
+/// (the server's default if `None`).
+fn channel_to(server: SocketAddr, peer: SocketAddr, lifetime: Option<u32>) -> TurnLink {
+    use stun_proto::types::message::MessageWriteExt as _;
+    let mut link =
+        TurnLink::connect(uturn_perf::turncat::transport::Protocol::Udp, server).unwrap();
+    link.request(turn_types::message::ALLOCATE, &|m, txid| {
+        uturn_perf::client::udp_transport(m, txid);
+        if let Some(seconds) = lifetime {
+            m.add_attribute(&turn_types::attribute::Lifetime::new(seconds))
+                .unwrap();
+        }
+    })
+    .expect("allocation");
+    link.bind_channel(0x4000, peer).expect("channel");
+    link
+}
+
+/// Sends `n` ChannelData datagrams on channel 0x4000 and waits a moment: how many echoes came
+/// back.
+fn echoes(link: &mut TurnLink, n: usize) -> usize {
+    link.channel_data.clear();
+    for i in 0..n {
+        link.send_channel_data(0x4000, format!("datagram {i}").as_bytes());
+    }
+    link.drain(0.5);
+    link.channel_data.len()
+}
+
+#[test]
+fn allocation_expiry_and_delete_stop_kernel_forwarding_on_the_wire() {
+    let s = start("tc", &[], |_| {});
+    let peer = Peer::start();
+    // Expiry: a 3-second allocation, never refreshed.
+    let mut expiring = channel_to(s.addr(), peer.addr, Some(3));
+    assert!(wait_until(5, || s.channels() == 1));
+    assert_eq!(echoes(&mut expiring, 10), 10);
+    std::thread::sleep(Duration::from_millis(3_200));
+    let before = peer.counts()[0];
+    assert_eq!(
+        echoes(&mut expiring, 10),
+        0,
+        "relayed after the allocation expired"
+    );
+    assert_eq!(
+        peer.counts()[0],
+        before,
+        "the peer got datagrams after expiry"
+    );
+    assert!(
+        wait_until(5, || s.channels() == 0),
+        "entries left after expiry"
+    );
+    // Delete: Refresh with LIFETIME 0.
+    let mut deleted = channel_to(s.addr(), peer.addr, None);
+    assert!(wait_until(5, || s.channels() == 1));
+    assert_eq!(echoes(&mut deleted, 10), 10);
+    assert!(s.offloaded("to_peer") <= 20);
+    assert!(
+        wait_until(5, || s.offloaded("to_peer") == 20),
+        "{}",
+        s.offloaded("to_peer")
+    );
+    {
+        use stun_proto::types::message::MessageWriteExt as _;
+        deleted
+            .request(turn_types::message::REFRESH, &|m, _| {
+                m.add_attribute(&turn_types::attribute::Lifetime::new(0))
+                    .unwrap();
+            })
+            .expect("delete");
+    }
+    assert!(
+        wait_until(2, || s.channels() == 0),
+        "entries left after the delete"
+    );
+    let before = peer.counts()[0];
+    assert_eq!(
+        echoes(&mut deleted, 10),
+        0,
+        "relayed after the allocation was deleted"
+    );
+    assert_eq!(peer.counts()[0], before);
+}
+
+#[test]
+fn an_endpoint_removed_from_the_config_stops_kernel_forwarding_within_one_reconcile() {
+    let s = start("tc", &["-w"], |_| {});
+    let peer = Peer::start();
+    let mut link = channel_to(s.addr(), peer.addr, None);
+    assert!(wait_until(5, || s.channels() == 1));
+    assert_eq!(echoes(&mut link, 10), 10);
+    // The cluster no longer holds the peer's address.
+    let text = std::fs::read_to_string(&s.config).unwrap();
+    std::fs::write(
+        &s.config,
+        text.replace("\"127.0.0.1\"]", "\"10.99.99.99\"]"),
+    )
+    .unwrap();
+    assert!(
+        wait_until(10, || s.channels() == 0),
+        "entry kept after the endpoint went: {}",
+        s.server.logs()
+    );
+    let before = peer.counts()[0];
+    assert_eq!(
+        echoes(&mut link, 10),
+        0,
+        "relayed to a peer no cluster admits"
+    );
+    assert_eq!(peer.counts()[0], before);
+}
+
+#[test]
+fn offload_tc_under_a_filter_that_denies_bpf_falls_back_with_the_cause_and_auto_serves() {
+    for mode in ["tc", "auto"] {
+        let s = start(mode, &[], uturn_testkit::stunnerd::denying(libc::SYS_bpf));
+        let offload = s.offload();
+        assert_eq!(offload["running"], "none", "{mode}: {offload}");
+        let reason = offload["reason"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            reason.contains("Operation not permitted") && reason.contains("CAP_BPF"),
+            "{mode}: {reason}"
+        );
+        assert!(
+            s.server.logs().contains("offload: none"),
+            "{mode}: {}",
+            s.server.logs()
+        );
+        // It serves, in user space.
+        let peer = Peer::start();
+        let mut link = channel_to(s.addr(), peer.addr, None);
+        assert_eq!(echoes(&mut link, 10), 10, "{mode}");
+        assert_eq!(s.offloaded("to_peer"), 0);
+    }
+}
+
+#[test]
+fn a_drain_counts_offloaded_calls_and_exits_when_they_end() {
+    let mut s = start("tc", &[], |_| {});
+    let peer = Peer::start();
+    let mut link = channel_to(s.addr(), peer.addr, Some(4));
+    assert!(wait_until(5, || s.channels() == 1));
+    s.server.signal(libc::SIGTERM);
+    // Draining: the call goes on through the kernel, and is counted.
+    assert_eq!(echoes(&mut link, 10), 10);
+    assert!(
+        wait_until(3, || s.offloaded("to_peer") >= 10),
+        "{}",
+        s.offloaded("to_peer")
+    );
+    assert_eq!(s.server.wait_exit_for(10.0), Some(0), "{}", s.server.logs());
+}
