@@ -66,23 +66,7 @@ fn uclient(args: &[&str]) -> (u64, u64, String) {
 
 /// As [`uclient`], given up after `secs` seconds.
 fn uclient_for(secs: u32, args: &[&str]) -> (u64, u64, String) {
-    let output = Command::new("timeout")
-        .arg(secs.to_string())
-        .arg("turnutils_uclient")
-        .args(args)
-        .output()
-        .expect("turnutils_uclient (apt-get install coturn)");
-    let text = String::from_utf8_lossy(&output.stdout).to_string()
-        + &String::from_utf8_lossy(&output.stderr);
-    let last = |key: &str| {
-        text.lines()
-            .rev()
-            .find_map(|l| l.split(key).nth(1))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (last("tot_send_msgs="), last("tot_recv_msgs="), text)
+    uturn_testkit::stunnerd::uclient(secs, args)
 }
 
 const STATIC: &str = "{type: static, credentials: {username: user1, password: \"pa$$w0rd\"}}";

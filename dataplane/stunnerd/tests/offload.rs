@@ -168,31 +168,28 @@ fn uclient_channel_mode_relays_through_the_kernel() {
             .spawn()
             .expect("turnutils_peer (apt-get install coturn)"),
     );
-    let output = std::process::Command::new("timeout")
-        .args(["60", "turnutils_uclient", "-c", "-n", "50", "-l", "170"])
-        .args(["-u", LINK_CREDS.0, "-w", LINK_CREDS.1])
-        .args([
+    let peer_port = peer_port.to_string();
+    let (sent, received, text) = uturn_testkit::stunnerd::uclient(
+        60,
+        &[
+            "-c",
+            "-n",
+            "50",
+            "-l",
+            "170",
+            "-u",
+            LINK_CREDS.0,
+            "-w",
+            LINK_CREDS.1,
             "-p",
             &s.port.to_string(),
             "-e",
             "127.0.0.1",
             "-r",
-            &peer_port.to_string(),
-        ])
-        .arg("127.0.0.1")
-        .output()
-        .expect("turnutils_uclient (apt-get install coturn)");
-    let text = String::from_utf8_lossy(&output.stdout).to_string()
-        + &String::from_utf8_lossy(&output.stderr);
-    let last = |key: &str| {
-        text.lines()
-            .rev()
-            .find_map(|l| l.split(key).nth(1))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let (sent, received) = (last("tot_send_msgs="), last("tot_recv_msgs="));
+            &peer_port,
+            "127.0.0.1",
+        ],
+    );
     assert!(sent > 0, "nothing sent:\n{text}");
     assert_eq!(received, sent, "lost datagrams:\n{text}");
     // uclient's messages went through the kernel (its first ones may precede the binding's

@@ -302,3 +302,25 @@ pub fn denying(nr: libc::c_long) -> impl FnOnce(&mut Command) {
         }
     }
 }
+
+/// Runs coturn's `turnutils_uclient ARGS`, given up after `secs` seconds: (messages sent,
+/// messages received, its output).
+pub fn uclient(secs: u32, args: &[&str]) -> (u64, u64, String) {
+    let output = Command::new("timeout")
+        .arg(secs.to_string())
+        .arg("turnutils_uclient")
+        .args(args)
+        .output()
+        .expect("turnutils_uclient (apt-get install coturn)");
+    let text = String::from_utf8_lossy(&output.stdout).to_string()
+        + &String::from_utf8_lossy(&output.stderr);
+    let last = |key: &str| {
+        text.lines()
+            .rev()
+            .find_map(|l| l.split(key).nth(1))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (last("tot_send_msgs="), last("tot_recv_msgs="), text)
+}
