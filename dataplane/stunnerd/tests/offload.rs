@@ -356,3 +356,269 @@ fn a_drain_counts_offloaded_calls_and_exits_when_they_end() {
     );
     assert_eq!(s.server.wait_exit_for(10.0), Some(0), "{}", s.server.logs());
 }
+
+/// The shape of a pod on a node: network namespaces for the gateway pod, a client and a media
+/// server (the peer), each joined by a veth pair to a "node" namespace that routes between
+/// them. Every veth end computes and verifies checksums in software (offloads off), so a
+/// datagram the program rewrote with a wrong checksum is dropped by its receiver and counted.
+/// Removed (with everything running in it) on drop.
+struct PodShape {
+    prefix: String,
+    /// The pod's and the peer's addresses (the client's is the third pair's far end).
+    pod: std::net::Ipv4Addr,
+    peer: std::net::Ipv4Addr,
+    procs: Vec<uturn_testkit::stunnerd::Killed>,
+}
+
+fn run(args: &[&str]) -> String {
+    let output = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", args[0]));
+    assert!(
+        output.status.success(),
+        "{}: {} (this test makes network namespaces: it must run as root)",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+impl PodShape {
+    fn create() -> PodShape {
+        let pid = std::process::id();
+        let third = (pid % 250) as u8;
+        let prefix = format!("ut{pid}");
+        let shape = PodShape {
+            prefix: prefix.clone(),
+            pod: [10, 214, third, 2].into(),
+            peer: [10, 214, third, 10].into(),
+            procs: Vec::new(),
+        };
+        let node = shape.ns("node");
+        run(&["ip", "netns", "add", &node]);
+        run(&[
+            "ip",
+            "netns",
+            "exec",
+            &node,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ]);
+        for (i, role) in ["pod", "client", "peer"].into_iter().enumerate() {
+            let ns = shape.ns(role);
+            let (node_side, far_side) = (format!("{prefix}{i}n"), format!("{prefix}{i}f"));
+            let base = 4 * i as u8;
+            let node_ip = format!("10.214.{third}.{}", base + 1);
+            let far_ip = format!("10.214.{third}.{}/30", base + 2);
+            run(&["ip", "netns", "add", &ns]);
+            run(&[
+                "ip", "-n", &node, "link", "add", &node_side, "type", "veth", "peer", "name",
+                &far_side, "netns", &ns,
+            ]);
+            run(&[
+                "ip",
+                "-n",
+                &node,
+                "addr",
+                "add",
+                &format!("{node_ip}/30"),
+                "dev",
+                &node_side,
+            ]);
+            run(&["ip", "-n", &ns, "addr", "add", &far_ip, "dev", &far_side]);
+            for (n, dev) in [(&node, &node_side), (&ns, &far_side)] {
+                run(&["ip", "-n", n, "link", "set", dev, "up"]);
+                run(&[
+                    "ip", "netns", "exec", n, "ethtool", "-K", dev, "tx", "off", "rx", "off",
+                ]);
+            }
+            run(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
+            run(&["ip", "-n", &ns, "route", "add", "default", "via", &node_ip]);
+        }
+        shape
+    }
+
+    fn ns(&self, role: &str) -> String {
+        format!("{}-{role}", self.prefix)
+    }
+
+    /// A UDP echo peer (python3) on the peer's address.
+    fn start_echo_peer(&mut self, port: u16) {
+        let script = format!(
+            "import socket\n\
+             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+             s.bind(('{}', {port}))\n\
+             while True:\n    data, source = s.recvfrom(65535)\n    s.sendto(data, source)\n",
+            self.peer
+        );
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.ns("peer"), "python3", "-c", &script])
+            .spawn()
+            .expect("ip netns exec … python3");
+        self.procs.push(uturn_testkit::stunnerd::Killed(child));
+    }
+
+    /// `GET url` from inside namespace `role`.
+    fn get(&self, role: &str, url: &str) -> String {
+        let script =
+            format!("import urllib.request\nprint(urllib.request.urlopen('{url}', timeout=2).read().decode())");
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &self.ns(role), "python3", "-c", &script])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// UDP datagrams namespace `role` received with a bad checksum (`InCsumErrors`).
+    fn checksum_errors(&self, role: &str) -> u64 {
+        let snmp = run(&[
+            "ip",
+            "netns",
+            "exec",
+            &self.ns(role),
+            "cat",
+            "/proc/net/snmp",
+        ]);
+        let udp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Udp:")).collect();
+        let (names, values) = (udp[0].split_whitespace(), udp[1].split_whitespace());
+        names
+            .zip(values)
+            .find(|(n, _)| *n == "InCsumErrors")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap()
+    }
+}
+
+impl Drop for PodShape {
+    fn drop(&mut self) {
+        self.procs.clear();
+        for role in ["pod", "client", "peer", "node"] {
+            let ns = self.ns(role);
+            if let Ok(out) = std::process::Command::new("ip")
+                .args(["netns", "pids", &ns])
+                .output()
+            {
+                for pid in String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok())
+                {
+                    // SAFETY: kill(2) on a process in a namespace this test made.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                    }
+                }
+            }
+            // Deleting a namespace removes its ends of the veth pairs, and so the pairs.
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &ns])
+                .status();
+        }
+    }
+}
+
+#[test]
+fn relays_through_the_kernel_between_namespaces_shaped_like_a_pod_with_valid_checksums() {
+    let mut shape = PodShape::create();
+    let peer_port = free_port();
+    shape.start_echo_peer(peer_port);
+    let (port, metrics) = (free_port(), free_port());
+    let config = temp_file("offload-pod.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: v1\nadmin: {{name: pod, healthcheck_endpoint: \"\", \
+             metrics_endpoint: \"http://{pod}:{metrics}/metrics\"}}\n\
+             auth: {{type: static, credentials: {{username: {}, password: {}}}}}\n\
+             listeners: [{{name: udp, address: {pod}, port: {port}, routes: [media]}}]\n\
+             clusters: [{{name: media, endpoints: [\"{peer}\"]}}]\n",
+            LINK_CREDS.0,
+            LINK_CREDS.1,
+            pod = shape.pod,
+            peer = shape.peer
+        ),
+    )
+    .unwrap();
+    let pod_ns = shape.ns("pod");
+    let server = Stunnerd::start_under(
+        &["ip", "netns", "exec", &pod_ns],
+        &[
+            "--offload",
+            "tc",
+            "-c",
+            &format!("file://{}", config.display()),
+        ],
+        &[],
+    );
+    let metrics_url = format!("http://{}:{metrics}/metrics", shape.pod);
+    assert!(
+        wait_until(10, || shape
+            .get("pod", &metrics_url)
+            .contains("uturn_offload_channels")),
+        "{}",
+        server.logs()
+    );
+    assert!(server.logs().contains("offload: tc"), "{}", server.logs());
+    let errors_before: Vec<u64> = ["client", "peer", "pod"]
+        .iter()
+        .map(|r| shape.checksum_errors(r))
+        .collect();
+    let (client_ns, port, peer_port) =
+        (shape.ns("client"), port.to_string(), peer_port.to_string());
+    let pod = shape.pod.to_string();
+    let peer = shape.peer.to_string();
+    let (sent, received, text) = uturn_testkit::stunnerd::uclient_under(
+        &["ip", "netns", "exec", &client_ns],
+        60,
+        &[
+            "-c",
+            "-n",
+            "100",
+            "-l",
+            "500",
+            "-u",
+            LINK_CREDS.0,
+            "-w",
+            LINK_CREDS.1,
+            "-p",
+            &port,
+            "-e",
+            &peer,
+            "-r",
+            &peer_port,
+            &pod,
+        ],
+    );
+    assert!(sent > 0, "nothing sent:\n{text}\n{}", server.logs());
+    assert_eq!(received, sent, "lost datagrams:\n{text}");
+    let offloaded = |direction: &str| -> u64 {
+        shape
+            .get("pod", &metrics_url)
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "uturn_offloaded_packets_total{{direction=\"{direction}\"}} "
+                ))
+            })
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        wait_until(5, || offloaded("to_peer") >= sent / 2
+            && offloaded("to_client") >= sent / 2),
+        "sent {sent}, offloaded {} / {}",
+        offloaded("to_peer"),
+        offloaded("to_client")
+    );
+    let errors_after: Vec<u64> = ["client", "peer", "pod"]
+        .iter()
+        .map(|r| shape.checksum_errors(r))
+        .collect();
+    assert_eq!(
+        errors_after, errors_before,
+        "UDP checksum errors (client, peer, pod)"
+    );
+    drop(server);
+    let _ = std::fs::remove_file(&config);
+}

@@ -306,8 +306,14 @@ pub fn denying(nr: libc::c_long) -> impl FnOnce(&mut Command) {
 /// Runs coturn's `turnutils_uclient ARGS`, given up after `secs` seconds: (messages sent,
 /// messages received, its output).
 pub fn uclient(secs: u32, args: &[&str]) -> (u64, u64, String) {
+    uclient_under(&[], secs, args)
+}
+
+/// As [`uclient`], run through `wrapper` (`ip netns exec NAME`, say).
+pub fn uclient_under(wrapper: &[&str], secs: u32, args: &[&str]) -> (u64, u64, String) {
     let output = Command::new("timeout")
         .arg(secs.to_string())
+        .args(wrapper)
         .arg("turnutils_uclient")
         .args(args)
         .output()
