@@ -476,7 +476,7 @@ fn main() -> ExitCode {
                 doc.insert(
                     "offload".into(),
                     serde_json::json!({
-                        "requested": format!("{:?}", offload_status.requested).to_lowercase(),
+                        "requested": offload_status.requested.name(),
                         "running": offload_status.running,
                         "reason": offload_status.reason,
                         "interfaces": offload_status.interfaces,

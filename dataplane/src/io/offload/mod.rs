@@ -54,6 +54,18 @@ pub enum OffloadMode {
     Auto,
 }
 
+impl OffloadMode {
+    /// The flag's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            OffloadMode::None => "none",
+            OffloadMode::Tc => "tc",
+            OffloadMode::Xdp => "xdp",
+            OffloadMode::Auto => "auto",
+        }
+    }
+}
+
 impl std::str::FromStr for OffloadMode {
     type Err = String;
 
@@ -319,7 +331,8 @@ pub fn start(mode: OffloadMode, interfaces: &[String]) -> (Option<Arc<Offload>>,
                 ),
                 _ => tracing::warn!(
                     target: "stunnerd",
-                    "offload: none ({mode:?} unavailable: {reason}); relaying in user space"
+                    "offload: none ({} unavailable: {reason}); relaying in user space",
+                    mode.name()
                 ),
             }
             (None, status("none", reason, Vec::new()))
