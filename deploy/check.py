@@ -4,11 +4,15 @@ kubernetes-validate --strict against the oldest Kubernetes we support; then what
 cannot see: probe and Service ports match the config the ConfigMap carries, the config itself
 passes stunnerd's own validation (stunnerd --dry-run), RBAC is read-only on EndpointSlices and
 Services, the seccomp profile is RuntimeDefault plus exactly the three io_uring syscalls, the
-pod drains for an hour with --force-ready-status, and the image's entrypoint is stunnerd.
+pod drains for an hour with --force-ready-status, stunnerd knows every flag it is given, only
+the offload overlay adds capabilities (exactly BPF and NET_ADMIN, otherwise the base unchanged),
+and the image's entrypoint is stunnerd, built with the offload's BPF program.
 
   deploy/check.py STUNNERD_BINARY KUBERNETES_VALIDATE    (exit 0: all good; 1: a finding)
 """
+import copy
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -19,6 +23,9 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 OLDEST = "1.29.0"
 IO_URING = {"io_uring_setup", "io_uring_enter", "io_uring_register"}
+# What the kernel offload needs (deploy/overlays/offload says why), and the flag that turns it on.
+OFFLOAD_CAPS = {"BPF", "NET_ADMIN"}
+OFFLOAD_ARG = "--offload=tc"
 failures = []
 
 
@@ -43,7 +50,49 @@ def port_of(endpoint, default):
     return url.port or default
 
 
-def check_overlay(directory, stunnerd, validate):
+def stunnerd_container(docs):
+    (deployment,) = find(docs, "Deployment", "uturn")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "stunnerd"]
+    return pod, container
+
+
+def check_offload(label, docs, base_docs):
+    """The offload overlay: the base plus exactly the flag, the two capabilities, UID 0 (added
+    capabilities never reach a non-root process) and the namespace's Pod Security level that
+    admits them."""
+    pod, container = stunnerd_container(docs)
+    security = container.get("securityContext", {})
+    caps = security.get("capabilities", {})
+    check(set(caps.get("add", [])) == OFFLOAD_CAPS and len(caps.get("add", [])) == len(OFFLOAD_CAPS),
+          f"{label}: adds exactly capabilities {sorted(OFFLOAD_CAPS)} (has {caps.get('add')})")
+    check(caps.get("drop") == ["ALL"], f"{label}: drops every other capability")
+    check(security.get("runAsUser") == 0 and security.get("runAsNonRoot") is False,
+          f"{label}: stunnerd runs as UID 0, where added capabilities take effect")
+    check(security.get("allowPrivilegeEscalation") is False and security.get("readOnlyRootFilesystem") is True,
+          f"{label}: no privilege escalation, read-only root filesystem")
+    check(container.get("args", []).count(OFFLOAD_ARG) == 1, f"{label}: stunnerd runs with {OFFLOAD_ARG}")
+    check(pod.get("securityContext", {}).get("seccompProfile", {}).get("type") == "RuntimeDefault",
+          f"{label}: seccomp RuntimeDefault (which allows bpf(2) with CAP_BPF)")
+    (namespace,) = find(docs, "Namespace")
+    check(namespace["metadata"]["labels"].get("pod-security.kubernetes.io/enforce") == "privileged",
+          f"{label}: the namespace enforces Pod Security privileged (the only level admitting BPF, NET_ADMIN)")
+
+    # Nothing else differs from the base.
+    def undo(docs):
+        docs = copy.deepcopy(docs)
+        _, c = stunnerd_container(docs)
+        c["args"] = [a for a in c["args"] if a != OFFLOAD_ARG]
+        for key in ("runAsUser", "runAsNonRoot"):
+            c["securityContext"].pop(key, None)
+        c["securityContext"]["capabilities"].pop("add", None)
+        for n in find(docs, "Namespace"):
+            n["metadata"]["labels"].pop("pod-security.kubernetes.io/enforce", None)
+        return docs
+    check(undo(docs) == undo(base_docs), f"{label}: otherwise the base unchanged")
+
+
+def check_overlay(directory, stunnerd, validate, base_docs):
     label = os.path.relpath(directory, os.path.dirname(HERE))
     text, docs = render(directory)
     result = subprocess.run([validate, "--strict", "-k", OLDEST, "-"], input=text,
@@ -51,9 +100,7 @@ def check_overlay(directory, stunnerd, validate):
     check(result.returncode == 0, f"{label}: kubernetes-validate --strict -k {OLDEST}"
           + ("" if result.returncode == 0 else "\n" + result.stdout + result.stderr))
 
-    (deployment,) = find(docs, "Deployment", "uturn")
-    pod = deployment["spec"]["template"]["spec"]
-    (container,) = [c for c in pod["containers"] if c["name"] == "stunnerd"]
+    pod, container = stunnerd_container(docs)
     (configmap,) = find(docs, "ConfigMap")
     config_text = configmap["data"]["stunnerd.conf"]
     config = yaml.safe_load(config_text)
@@ -97,7 +144,21 @@ def check_overlay(directory, stunnerd, validate):
     cpu_req, cpu_lim = res.get("requests", {}).get("cpu"), res.get("limits", {}).get("cpu")
     check(cpu_req is not None and str(cpu_req).isdigit() and str(cpu_req) == str(cpu_lim),
           f"{label}: CPU request is whole CPUs and equals the limit ({cpu_req}/{cpu_lim})")
-    check(pod.get("securityContext", {}).get("runAsNonRoot") is True, f"{label}: runs as non-root")
+    check(pod.get("securityContext", {}).get("runAsNonRoot") is True, f"{label}: the pod's securityContext says runAsNonRoot")
+    help_text = subprocess.run([stunnerd, "--help"], capture_output=True, text=True).stdout
+    for arg in container.get("args", []):
+        if str(arg).startswith("--"):
+            check(arg.split("=")[0] in help_text, f"{label}: stunnerd knows {arg.split('=')[0]}")
+    if os.path.basename(directory) == "offload":
+        check_offload(label, docs, base_docs)
+    else:
+        security = container.get("securityContext", {})
+        check(not security.get("capabilities", {}).get("add") and security.get("runAsNonRoot") is not False
+              and security.get("runAsUser", 1) != 0,
+              f"{label}: stunnerd runs as non-root and adds no capability")
+        (namespace,) = find(docs, "Namespace")
+        check(namespace["metadata"]["labels"].get("pod-security.kubernetes.io/enforce") == "restricted",
+              f"{label}: the namespace enforces Pod Security restricted")
     check(len(find(docs, "PodDisruptionBudget")) == 1, f"{label}: has a PodDisruptionBudget")
 
     # RBAC: read-only on exactly EndpointSlices and Services.
@@ -130,8 +191,10 @@ def main():
     stunnerd, validate = sys.argv[1], sys.argv[2]
     overlays = [os.path.join(HERE, "base")] + sorted(
         os.path.join(HERE, "overlays", d) for d in os.listdir(os.path.join(HERE, "overlays")))
+    check(os.path.isdir(os.path.join(HERE, "overlays", "offload")), "overlays/offload exists")
+    _, base_docs = render(os.path.join(HERE, "base"))
     for directory in overlays:
-        check_overlay(directory, stunnerd, validate)
+        check_overlay(directory, stunnerd, validate, base_docs)
 
     # The STUNner operator's Dataplane: the image's stunnerd with stunnerd's flags.
     with open(os.path.join(HERE, "examples", "dataplane.yaml")) as f:
@@ -147,6 +210,10 @@ def main():
     with open(os.path.join(HERE, "Dockerfile")) as f:
         dockerfile = f.read()
     check('ENTRYPOINT ["stunnerd"]' in dockerfile, "Dockerfile: entrypoint is stunnerd")
+    # The build stage (from the first FROM to the second) has what dataplane/build.rs compiles offload.c with.
+    build_stage = dockerfile.split("\nFROM ")[1].replace("\\\n", " ")
+    check(all(re.search(rf"apt-get install[^\n]*\s{p}(\s|$)", build_stage, re.M) for p in ("clang", "libbpf-dev")),
+          "Dockerfile: the build stage installs clang and libbpf-dev (else stunnerd has no offload program)")
     users = [l.split()[1] for l in dockerfile.splitlines() if l.startswith("USER ")]
     check(bool(users) and users[-1].split(":")[0] not in ("0", "root"), "Dockerfile: runs as non-root")
 
