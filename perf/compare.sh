@@ -9,9 +9,10 @@
 #
 # Environment: REPS (3), DURATION seconds per run (3), SIZES ("100 1200"), ALLOCS ("64 1000"),
 # THREADS ("1 2"), SERVERS ("uturn uturn-epoll coturn pion plain": uturn is the io_uring
-# engine), RATE per allocation (0 = as fast as possible), FIND_MAX=1 (search each cell's
-# highest rate with loss under MAX_LOSS percent, 1; slower), PIN (1: in 1-thread cells the
-# server runs on CPU 1 and turnperf on CPU 0, so they do not take turns on one core),
+# engine; uturn-offload, not in the default list, is it with --offload tc: see below), RATE per
+# allocation (0 = as fast as possible), FIND_MAX=1 (search each cell's highest rate with loss
+# under MAX_LOSS percent, 1; slower), PIN (1: in 1-thread cells the server runs on CPU 1 and
+# turnperf on CPU 0, so they do not take turns on one core),
 # LATENCY=1 (after the matrix: per cell, find coturn's highest rate, then run every server at
 # half of it and compare p99), GSO=1 (turnperf sends its client batches as UDP GSO, so it can
 # outrun a fast server; every server still receives separate datagrams), BURST (1: paced runs
@@ -23,6 +24,13 @@
 # coturn's highest rate with loss under MAX_LOSS, then run every server at each of these
 # percentages of it), OUT (target/compare). Every loop is bounded by these counts;
 # every server is started and stopped by this script, by PID.
+#
+# `uturn-offload` is uturn with the kernel offload (stunnerd --offload tc, attached to lo only):
+# channel traffic is relayed by the TC program in the softirq of the sender's CPU, so the server
+# process stays nearly idle and its cost shows in machine µs/pkt instead. Needs root (CAP_BPF,
+# CAP_NET_ADMIN), Linux 6.6 and a build that found clang and libbpf-dev; the column "offloaded
+# %" is the share of delivered packets the kernel relayed (stunnerd's
+# uturn_offloaded_packets_total, scraped after the run); its server.log says why when 0.
 #
 # `direct` is a pseudo-server for SERVERS: no server process, turnperf --mode direct sends the
 # same traffic straight between its clients and its peer (UDP only). It is the baseline of the
@@ -79,8 +87,21 @@ fi
 cargo build --release -q -p uturn-stunnerd -p uturn-perf
 perf/pion/build.sh "$PWD/target/release/pionturn"
 
+# free_port [tcp]: a free UDP (or TCP) port on 127.0.0.1.
 free_port() {
-  python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 -c 'import socket, sys; s=socket.socket(socket.AF_INET, socket.SOCK_STREAM if sys.argv[1:] == ["tcp"] else socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' "$@"
+}
+
+# offloaded: the packets uturn-offload's kernel program relayed (both directions), from its
+# metrics endpoint; the shards publish the counters once a second.
+offloaded() {
+  sleep 1.5
+  python3 - "$metrics_port" <<'PY' || echo null
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=2).read().decode()
+print(int(sum(float(l.split()[-1]) for l in text.splitlines()
+              if l.startswith("uturn_offloaded_packets_total{"))))
+PY
 }
 
 server_pid=""
@@ -112,18 +133,22 @@ start_server() {
     return
   fi
   case $name in
-    uturn|uturn-epoll)
-      engine=uring
+    uturn|uturn-epoll|uturn-offload)
+      engine=uring offload=none metrics=""
       [ "$name" = uturn-epoll ] && engine=epoll
+      if [ "$name" = uturn-offload ]; then
+        offload=tc metrics_port=$(free_port tcp)
+        metrics=", metrics_endpoint: \"http://127.0.0.1:$metrics_port/metrics\", offload_interfaces: [lo]"
+      fi
       cat > "$OUT/uturn.yaml" <<EOF
 version: v1
-admin: {name: perf/uturn, loglevel: "all:WARN", healthcheck_endpoint: ""}
+admin: {name: perf/uturn, loglevel: "all:WARN", healthcheck_endpoint: ""$metrics}
 auth: {type: static, realm: perf, credentials: {username: user1, password: pass1}}
 listeners: [{name: $TRANSPORT, protocol: TURN-${TRANSPORT^^}, address: 127.0.0.1, port: $port, routes: [peers]}]
 clusters: [{name: peers, endpoints: [127.0.0.1]}]
 EOF
       UTURN_SHARDS=$threads "${server_cpu[@]}" target/release/stunnerd -u "$threads" \
-        --io-engine "$engine" -c "file://$PWD/$OUT/uturn.yaml" > "$OUT/server.log" 2>&1 &
+        --io-engine "$engine" --offload "$offload" -c "file://$PWD/$OUT/uturn.yaml" > "$OUT/server.log" 2>&1 &
       ;;
     coturn)
       "${server_cpu[@]}" turnserver -n --listening-ip=127.0.0.1 --listening-port="$port" --relay-ip=127.0.0.1 \
@@ -160,6 +185,7 @@ measure() {
   [ -n "$server_pid" ] && mode+=(--server-pid "$server_pid")
   if report=$("${client_cpu[@]}" target/release/turnperf "127.0.0.1:$port" -n "$allocs" -s "$size" \
       -r "$rate" -d "$DURATION" "${mode[@]}" "$@" --json -q); then
+    [ "$name" = uturn-offload ] && extra="$extra,\"offloaded\":$(offloaded)"
     echo "{\"server\":\"$name\",\"threads\":$threads$extra,\"result\":$report}" >> "$file"
   else
     echo "  run failed; see $OUT/server.log" >&2
@@ -258,7 +284,7 @@ fi
 
 python3 - "$results" "${latency:-}" "${fractions:-}" <<'PY'
 import json, os, statistics, sys
-SERVERS = ["uturn", "uturn-epoll", "coturn", "pion", "plain", "direct"]
+SERVERS = ["uturn", "uturn-epoll", "uturn-offload", "coturn", "pion", "plain", "direct"]
 def med(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -286,6 +312,9 @@ def cells_of(path):
             "rss": res.get("server_rss_bytes_per_allocation"),
             "coturn_max": r.get("coturn_max"),
             "offered": rep.get("offered_pps"),
+            # uturn-offload: the share of the delivered packets that its kernel program relayed.
+            "offloaded": 100 * r["offloaded"] / max(1, up["delivered"] + (rep.get("down") or {}).get("delivered", 0))
+            if r.get("offloaded") is not None else None,
         })
     return cells
 def medians(runs):
@@ -310,6 +339,10 @@ CELL = [("threads", lambda key, *_: str(key[0])), ("payload", lambda key, *_: f"
         ("allocations", lambda key, *_: str(key[2]))]
 SERVER = ("server", lambda key, s, *_: s)
 RUNS = col("runs", "n", "d")
+def offloaded(cells):
+    """The "offloaded %" column, where a run has it (uturn-offload)."""
+    runs = [r for by_server in cells.values() for rs in by_server.values() for r in rs]
+    return [col("offloaded %", "offloaded", ".1f")] if any(r["offloaded"] is not None for r in runs) else []
 def table(cells, columns, servers=SERVERS):
     """One row per cell and server (of `servers`) run in it."""
     print("| " + " | ".join(h for h, _ in columns) + " |")
@@ -326,13 +359,13 @@ if cells:
         SERVER, col("delivered pkt/s", "pps", ",.0f"), col("loss %", "loss", ".1f"), col("p99 µs", "p99", ",.0f"),
         col("server CPU µs/pkt", "cpu", ".2f"), col("wakeups/pkt", "wakeups", ".3f"),
         col("machine µs/pkt", "machine", ".2f"), col("relay machine µs/pkt", "relay", ".2f"),
-        col("setups/s", "setup", ",.0f"), col("RSS B/allocation", "rss", ",.0f"), RUNS])
+        col("setups/s", "setup", ",.0f"), col("RSS B/allocation", "rss", ",.0f")] + offloaded(cells) + [RUNS])
     print()
     table(cells, CELL + [
         ("engine", SERVER[1]), vs("pkt/s vs coturn", "coturn", "pps"), vs("pkt/s vs pion", "pion", "pps"),
         vs("pkt/s vs plain", "plain", "pps"), vs("CPU/pkt vs plain", "plain", "cpu"),
         vs("setups/s vs coturn", "coturn", "setup"), vs("RSS/allocation vs coturn", "coturn", "rss")],
-        servers=["uturn", "uturn-epoll"])
+        servers=["uturn", "uturn-epoll", "uturn-offload"])
 
 cells = cells_of(sys.argv[3] if len(sys.argv) > 3 else "")
 if cells:
@@ -346,7 +379,8 @@ if cells:
         col("server CPU µs/pkt", "cpu", ".2f"), col("wakeups/pkt", "wakeups", ".3f"),
         col("machine µs/pkt", "machine", ".2f"), col("softirq µs/pkt", "softirq", ".2f"),
         col("busy CPUs", "busy", ".2f"), col("relay machine µs/pkt", "relay", ".2f"),
-        vs("server CPU vs coturn", "coturn", "cpu"), vs("relay machine vs coturn", "coturn", "relay"), RUNS])
+        vs("server CPU vs coturn", "coturn", "cpu"), vs("relay machine vs coturn", "coturn", "relay")]
+        + offloaded(cells) + [RUNS])
 
 cells = cells_of(sys.argv[2])
 if cells:
