@@ -231,8 +231,8 @@ impl Programs {
         run.unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"))
     }
 
-    /// Median ns per run over `runs` loops of `repeat` runs on `packet`; checks that the last
-    /// loop left the frame as it was (`want`) with `verdict`.
+    /// Median ns per run over `runs` loops of `repeat` runs on `packet`; checks that every
+    /// loop ended with `verdict` and the frame as it started.
     fn looped(
         &self,
         what: &str,
@@ -367,4 +367,9 @@ fn main() {
             "both, looped"
         );
     }
+    println!(
+        "(a single run is timed with one clock read more than a loop's; a loop's offload is the \
+         mean of a client→peer and a peer→client run; miss: ChannelData from an unknown client, \
+         peer→client row: a datagram from an unknown peer)"
+    );
 }
