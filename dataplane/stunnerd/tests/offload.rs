@@ -622,3 +622,48 @@ fn relays_through_the_kernel_between_namespaces_shaped_like_a_pod_with_valid_che
     drop(server);
     let _ = std::fs::remove_file(&config);
 }
+
+/// What the deploy overlay grants (deploy/overlays/offload): a root process whose bounding set
+/// holds CAP_BPF and CAP_NET_ADMIN and nothing else loads, attaches and relays. (A program
+/// that needs more, say CAP_PERFMON for pointer arithmetic, fails here.)
+#[test]
+fn the_offload_runs_with_exactly_cap_bpf_and_cap_net_admin() {
+    let (port, health, metrics) = (free_port(), free_port(), free_port());
+    let config = temp_file("offload-caps.yaml");
+    std::fs::write(&config, config_text(port, health, metrics, "127.0.0.1")).unwrap();
+    let server = Stunnerd::start_under(
+        &[
+            "setpriv",
+            "--bounding-set=-all,+bpf,+net_admin",
+            "--inh-caps=-all",
+        ],
+        &[
+            "--offload",
+            "tc",
+            "-c",
+            &format!("file://{}", config.display()),
+        ],
+        &[],
+    );
+    assert!(
+        wait_until(10, || status(health).is_some()),
+        "{}",
+        server.logs()
+    );
+    let offload = status(health).unwrap()["offload"].clone();
+    assert_eq!(offload["running"], "tc", "{offload}\n{}", server.logs());
+    let peer = Peer::start();
+    let mut link = channel_to(([127, 0, 0, 1], port).into(), peer.addr, None);
+    let channels = || metric(metrics, "uturn_offload_channels ").unwrap_or(0.0);
+    assert!(wait_until(5, || channels() == 1.0), "{}", server.logs());
+    assert_eq!(echoes(&mut link, 10), 10);
+    let offloaded = || {
+        metric(
+            metrics,
+            "uturn_offloaded_packets_total{direction=\"to_peer\"} ",
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(wait_until(5, || offloaded() == 10.0), "{}", offloaded());
+    let _ = std::fs::remove_file(&config);
+}

@@ -165,15 +165,15 @@ impl Offload {
             &program.license,
         )
         .map_err(|refused| {
-            format!(
-                "{}{}",
-                unavailable(&refused.error, "the kernel refused the BPF program"),
-                if refused.log.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (verifier: {})", refused.log.replace('\n', " | "))
-                }
-            )
+            if refused.log.is_empty() {
+                unavailable(&refused.error, "the kernel refused the BPF program")
+            } else {
+                format!(
+                    "the verifier refused the BPF program ({}): {}",
+                    refused.error,
+                    refused.log.replace('\n', " | ")
+                )
+            }
         })?;
         Ok(Offload {
             out,

@@ -130,8 +130,11 @@ static __always_inline int parse(struct __sk_buff *skb, struct headers *h, __u32
 		return -1;
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
-	if (data + PAYLOAD_OFF + 4 > end && skb->len > skb->data_end - skb->data) {
-		if (bpf_skb_pull_data(skb, PAYLOAD_OFF + 4) < 0)
+	// Headers and the first payload word in the linear part (a packet that is shorter is
+	// pulled whole). No pointer is subtracted from another: that needs CAP_PERFMON.
+	if (data + PAYLOAD_OFF + 4 > end) {
+		__u32 want = skb->len < PAYLOAD_OFF + 4 ? skb->len : PAYLOAD_OFF + 4;
+		if (bpf_skb_pull_data(skb, want) < 0)
 			return -1;
 		data = (void *)(long)skb->data;
 		end = (void *)(long)skb->data_end;
