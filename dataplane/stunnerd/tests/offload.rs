@@ -667,3 +667,74 @@ fn the_offload_runs_with_exactly_cap_bpf_and_cap_net_admin() {
     assert!(wait_until(5, || offloaded() == 10.0), "{}", offloaded());
     let _ = std::fs::remove_file(&config);
 }
+
+/// The ids of the BPF programs process `pid` holds, from its descriptors' fdinfo.
+fn bpf_programs_of(pid: u32) -> Vec<u32> {
+    let mut ids = Vec::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let target = std::fs::read_link(fd.path()).unwrap_or_default();
+        if !target.to_string_lossy().contains("bpf-prog") {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        ))
+        .unwrap_or_default();
+        ids.extend(
+            info.lines()
+                .filter_map(|l| l.strip_prefix("prog_id:"))
+                .filter_map(|v| v.trim().parse::<u32>().ok()),
+        );
+    }
+    ids
+}
+
+/// Whether BPF program `id` still exists (BPF_PROG_GET_FD_BY_ID).
+fn bpf_program_exists(id: u32) -> bool {
+    let mut attr = [0u8; 128];
+    attr[..4].copy_from_slice(&id.to_ne_bytes());
+    // SAFETY: BPF_PROG_GET_FD_BY_ID (13) reads the id from a zeroed attribute of this size.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, 13, attr.as_mut_ptr(), attr.len() as u32) };
+    if fd >= 0 {
+        // SAFETY: a descriptor the kernel just gave us.
+        unsafe { libc::close(fd as i32) };
+    }
+    fd >= 0
+}
+
+#[test]
+fn a_killed_server_leaves_no_program_behind_and_the_next_one_attaches() {
+    let mut ids = Vec::new();
+    for round in 0..2 {
+        let s = start("tc", &[], |_| {});
+        assert_eq!(
+            s.offload()["running"],
+            "tc",
+            "round {round}: {}",
+            s.server.logs()
+        );
+        let held = bpf_programs_of(s.server.pid());
+        assert!(!held.is_empty(), "round {round}: no BPF program held");
+        assert!(held.iter().all(|&id| bpf_program_exists(id)));
+        let peer = Peer::start();
+        let mut link = channel_to(s.addr(), peer.addr, None);
+        assert!(wait_until(5, || s.channels() == 1));
+        assert_eq!(echoes(&mut link, 10), 10);
+        assert!(
+            wait_until(3, || s.offloaded("to_peer") == 10),
+            "round {round}"
+        );
+        ids.extend(held);
+        // SIGKILL: no chance to clean up; the kernel detaches and frees it all.
+        drop(s);
+        assert!(
+            wait_until(5, || ids.iter().all(|&id| !bpf_program_exists(id))),
+            "round {round}: programs {ids:?} outlived their process"
+        );
+    }
+}
