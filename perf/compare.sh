@@ -22,7 +22,10 @@
 # that thousands of allocations are not paced by a server's per-source challenge limit),
 # FRACTIONS (empty: the matrix above; else, e.g. "10 50 90", instead of it: per cell, find
 # coturn's highest rate with loss under MAX_LOSS, then run every server at each of these
-# percentages of it), OUT (target/compare). Every loop is bounded by these counts;
+# percentages of it), RPS (1: in 1-thread cells, loopback's receive processing (the softirq in
+# which the kernel offload relays) is steered to the server's CPU with RPS, so that the server's
+# CPU carries the whole relay and turnperf's CPU only the load; the old mask is restored on
+# exit), OUT (target/compare). Every loop is bounded by these counts;
 # every server is started and stopped by this script, by PID.
 #
 # `uturn-offload` is uturn with the kernel offload (stunnerd --offload tc, attached to lo only):
@@ -60,6 +63,7 @@ FIND_MAX=${FIND_MAX:-0}
 MAX_LOSS=${MAX_LOSS:-1}
 PIN=${PIN:-1}
 GSO=${GSO:-0}
+RPS=${RPS:-0}
 LATENCY=${LATENCY:-0}
 BURST=${BURST:-1}
 TRANSPORT=${TRANSPORT:-udp}
@@ -113,13 +117,22 @@ stop_server() {
     server_pid=""
   fi
 }
-trap stop_server EXIT
+rps_file=/sys/class/net/lo/queues/rx-0/rps_cpus
+rps_saved=$(cat "$rps_file" 2>/dev/null || echo 0)
+cleanup() {
+  stop_server
+  if [ "$RPS" = 1 ]; then echo "$rps_saved" > "$rps_file" 2>/dev/null || true; fi
+}
+trap cleanup EXIT
 
 # pin THREADS: the taskset prefixes for the server and for turnperf in this cell.
 pin() {
   server_cpu=() client_cpu=()
   if [ "$PIN" = 1 ] && [ "$1" = 1 ] && [ "$(nproc)" -ge 2 ]; then
     server_cpu=(taskset -c 1) client_cpu=(taskset -c 0)
+    if [ "$RPS" = 1 ]; then echo 2 > "$rps_file"; fi
+  elif [ "$RPS" = 1 ]; then
+    echo "$rps_saved" > "$rps_file"
   fi
 }
 

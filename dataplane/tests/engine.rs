@@ -1426,3 +1426,81 @@ fn accounting_invariants_hold_after_any_sequence_of_operations() {
         "{created} {refused} {failed_binds}"
     );
 }
+
+/// With a kernel offload, the engine reports every allocation a request touched, and says which
+/// of its channels the kernel may relay until when: the first of the channel's, its
+/// permission's and the allocation's ends. Past that instant, or once the peer is no longer
+/// admitted, the channel is not offloadable (the kernel program checks the same instant per
+/// packet; `stunnerd/tests/offload.rs` shows it on the wire).
+#[test]
+fn offloadable_channels_end_with_the_first_of_channel_permission_and_allocation() {
+    let mut h = Harness::new(STATIC_AUTH);
+    h.engine.enable_offload();
+    let t0 = h.now;
+    let secs = |s: u64| t0 + Duration::from_secs(s);
+    let (mut c, _) = allocate(&mut h);
+    assert_eq!(
+        h.engine.poll_offload(),
+        None,
+        "an Allocate binds no channel"
+    );
+    let reply = c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4000, PEER));
+    assert_eq!(reply.class(), MessageClass::Success);
+    let relay = h
+        .engine
+        .poll_offload()
+        .expect("the ChannelBind is reported");
+    assert_eq!(h.engine.poll_offload(), None);
+    let offloadable = |h: &mut Harness| h.engine.offload_channels(relay, &h.snap.clone(), h.now);
+    let channels = offloadable(&mut h);
+    assert_eq!(channels.len(), 1);
+    assert_eq!(channels[0].number, 0x4000);
+    assert_eq!(channels[0].peer, PEER.parse().unwrap());
+    // Permission 300 s, channel and allocation 600 s: the permission ends first.
+    assert_eq!(channels[0].expires_at, secs(300));
+    // A CreatePermission at 200 s: the permission now ends at 500 s, still the first.
+    h.advance(200);
+    c.call(&mut h, CREATE_PERMISSION, &peer_attr(PEER));
+    assert_eq!(h.engine.poll_offload(), Some(relay));
+    assert_eq!(offloadable(&mut h)[0].expires_at, secs(500));
+    // Permission expiry: at 500 s nothing is offloadable any more.
+    h.advance(300);
+    assert!(
+        offloadable(&mut h).is_empty(),
+        "offloadable past its permission"
+    );
+    // A new permission (until 800 s) and a longer allocation (Refresh: until 1 100 s): the
+    // channel, bound at 0 s, ends first, at 600 s.
+    c.call(&mut h, CREATE_PERMISSION, &peer_attr(PEER));
+    c.call(&mut h, REFRESH, &|m: &mut MessageWriteVec, _| {
+        m.add_attribute(&Lifetime::new(600)).unwrap();
+    });
+    assert_eq!(offloadable(&mut h)[0].expires_at, secs(600));
+    // Channel expiry: at 600 s the permission lives on, the channel does not.
+    h.advance(100);
+    assert!(
+        offloadable(&mut h).is_empty(),
+        "offloadable past its channel"
+    );
+    // A peer the snapshot stops admitting is not offloadable either, whatever its lifetimes.
+    let reply = c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4001, PEER));
+    assert_eq!(reply.class(), MessageClass::Success);
+    assert_eq!(offloadable(&mut h).len(), 1);
+    h.snap = Snapshot::from_config(
+        &parse_config(&config(STATIC_AUTH).replace("10.0.0.0/8:<5000-6000>", "10.9.9.9")).unwrap(),
+        2,
+        &|_| Vec::new(),
+    );
+    h.engine.recheck_offload();
+    assert_eq!(h.engine.poll_offload(), Some(relay));
+    assert!(
+        offloadable(&mut h).is_empty(),
+        "offloadable to a peer no cluster admits"
+    );
+    // Deleted: nothing, and the shell hears of it from poll_close.
+    c.call(&mut h, REFRESH, &|m: &mut MessageWriteVec, _| {
+        m.add_attribute(&Lifetime::new(0)).unwrap();
+    });
+    assert!(offloadable(&mut h).is_empty());
+    assert_eq!(h.engine.poll_close(), Some(relay));
+}

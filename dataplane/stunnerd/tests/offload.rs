@@ -738,3 +738,49 @@ fn a_killed_server_leaves_no_program_behind_and_the_next_one_attaches() {
         );
     }
 }
+
+/// A client that refreshes as fast as it likes (here 2 000 CreatePermissions on a channel's
+/// peer, each extending the channel's entry) costs the kernel map at most a write per channel
+/// per second: the extension waits for the shard's next counter read. Counted with strace on
+/// the server's `bpf(2)` calls.
+#[test]
+fn refreshing_as_fast_as_possible_writes_the_map_once_a_second_at_most() {
+    let s = start("tc", &[], |_| {});
+    let peer = Peer::start();
+    let mut link = channel_to(s.addr(), peer.addr, None);
+    assert!(wait_until(5, || s.channels() == 1));
+    let trace = temp_file("offload-strace.txt");
+    let mut strace = uturn_testkit::stunnerd::Killed(
+        std::process::Command::new("strace")
+            .args(["-f", "-qq", "-e", "trace=bpf", "-o"])
+            .arg(&trace)
+            .args(["-p", &s.server.pid().to_string()])
+            .spawn()
+            .expect("strace (apt-get install strace)"),
+    );
+    // strace attaches to every thread before the storm starts.
+    std::thread::sleep(Duration::from_millis(500));
+    let started = std::time::Instant::now();
+    for _ in 0..2_000 {
+        link.create_permission(peer.addr).expect("permission");
+    }
+    let storm = started.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: SIGINT to the strace this test started, so it writes out what it traced.
+    unsafe {
+        libc::kill(strace.0.id() as i32, libc::SIGINT);
+    }
+    let _ = strace.0.wait();
+    let traced = std::fs::read_to_string(&trace).unwrap_or_default();
+    let _ = std::fs::remove_file(&trace);
+    let writes = traced.matches("BPF_MAP_UPDATE_ELEM").count();
+    // Two maps per write, one write per counter read (once a second), and slack for one more.
+    let bound = 2 * (storm.as_secs() as usize + 2);
+    assert!(
+        writes <= bound,
+        "{writes} map writes for 2 000 refreshes in {storm:?} (bound {bound})"
+    );
+    // The channel still relays, through the kernel.
+    assert_eq!(echoes(&mut link, 10), 10);
+    assert!(wait_until(3, || s.offloaded("to_peer") >= 10));
+}

@@ -455,18 +455,40 @@ pub(crate) struct Delta {
 
 /// One installed channel.
 struct Installed {
+    /// As the kernel has it (`expires_ns` included).
     spec: EntrySpec,
     listener: crate::proto::ListenerId,
     cluster: ClusterId,
+    /// When the engine says the channel ends: later than the kernel's `expires_ns` while an
+    /// extension waits for the next [`OffloadTable::sync`].
     expires_at: Instant,
     seen_out: Relayed,
     seen_in: Relayed,
 }
 
+/// How this host reaches an address: the source it sends from, whether the address is its own,
+/// the interface (0: its own), and when that was found.
+#[derive(Clone, Copy)]
+struct Route {
+    source: Ipv4Addr,
+    ifindex: u32,
+    found: Instant,
+}
+
+/// How long a [`Route`] is trusted.
+const ROUTE_TTL: Duration = Duration::from_secs(10);
+/// Routes cached per shard at most (the cache starts over beyond it).
+const ROUTES: usize = 4096;
+/// An entry whose end is further than this away is extended at the next sync rather than at
+/// once: a client refreshing as fast as it likes costs at most one map write per channel per
+/// sync.
+const EXTEND_AT_SYNC: Duration = Duration::from_secs(3);
+
 /// A shard's entries, by allocation.
 pub(crate) struct OffloadTable {
     offload: Arc<Offload>,
     by_relay: HashMap<RelayId, Vec<Installed>>,
+    routes: HashMap<Ipv4Addr, Route>,
     /// CLOCK_MONOTONIC nanoseconds at `epoch` (the clock `Instant` and the program share).
     epoch: Instant,
     epoch_ns: u64,
@@ -483,16 +505,22 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The source address this host uses toward `to` (what a wildcard-bound socket sends from),
-/// and whether `to` is an address of this host.
-fn route_to(to: Ipv4Addr) -> Option<(Ipv4Addr, bool)> {
+/// How this host reaches `to`: the source address a wildcard-bound socket sends from, and the
+/// interface (0 if `to` is an address of this host, which the program delivers through the
+/// loopback).
+fn route_to(to: Ipv4Addr, now: Instant) -> Option<Route> {
     let probe = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
     probe.connect((to, 9)).ok()?;
     let IpAddr::V4(source) = probe.local_addr().ok()?.ip() else {
         return None;
     };
     let local = to.is_loopback() || UdpSocket::bind((to, 0)).is_ok();
-    Some((source, local))
+    let ifindex = if local { 0 } else { interface_to(to)? };
+    Some(Route {
+        source,
+        ifindex,
+        found: now,
+    })
 }
 
 /// The interface this host routes `to` through, by the main table's longest prefix
@@ -522,6 +550,7 @@ impl OffloadTable {
         OffloadTable {
             offload,
             by_relay: HashMap::new(),
+            routes: HashMap::new(),
             epoch: Instant::now(),
             epoch_ns: monotonic_ns(),
         }
@@ -536,76 +565,139 @@ impl OffloadTable {
         }
     }
 
+    /// How this host reaches `to`, cached for [`ROUTE_TTL`].
+    fn route(&mut self, to: Ipv4Addr, now: Instant) -> Option<Route> {
+        if let Some(route) = self.routes.get(&to).filter(|r| now < r.found + ROUTE_TTL) {
+            return Some(*route);
+        }
+        if self.routes.len() >= ROUTES {
+            self.routes.clear();
+        }
+        let route = route_to(to, now)?;
+        self.routes.insert(to, route);
+        Some(route)
+    }
+
     /// The entry for `channel` of the allocation whose relay socket has port `relay_port`,
     /// for a client on listener port `listener_port`; `None` where the program cannot relay it
     /// (IPv6, no route).
     fn spec(
-        &self,
+        &mut self,
         channel: &OffloadChannel,
         listener_port: u16,
         relay_port: u16,
+        now: Instant,
     ) -> Option<EntrySpec> {
         let (SocketAddr::V4(client), SocketAddr::V4(peer)) = (channel.client, channel.peer) else {
             return None;
         };
-        let (listener_ip, client_local) = route_to(*client.ip())?;
-        let (relay_ip, peer_local) = route_to(*peer.ip())?;
-        let ifindex = |ip: Ipv4Addr, local: bool| if local { Some(0) } else { interface_to(ip) };
+        let toward_client = self.route(*client.ip(), now)?;
+        let toward_peer = self.route(*peer.ip(), now)?;
         Some(EntrySpec {
             client,
-            listener: SocketAddrV4::new(listener_ip, listener_port),
+            listener: SocketAddrV4::new(toward_client.source, listener_port),
             channel: channel.number,
-            relay: SocketAddrV4::new(relay_ip, relay_port),
+            relay: SocketAddrV4::new(toward_peer.source, relay_port),
             peer,
-            peer_ifindex: ifindex(*peer.ip(), peer_local)?,
-            client_ifindex: ifindex(*client.ip(), client_local)?,
+            peer_ifindex: toward_peer.ifindex,
+            client_ifindex: toward_client.ifindex,
             expires_ns: self.ns(channel.expires_at),
         })
     }
 
     /// Makes the entries of allocation `relay` those of `channels` (each with its listener's
-    /// port), keeping the counters of entries that stay; the counts of entries removed.
+    /// port): new ones installed, gone ones removed (their last counts into `deltas`), kept
+    /// ones keep their counters; an entry whose end moves later is extended at once only if its
+    /// current end is near, else at the next [`OffloadTable::sync`].
     pub(crate) fn set(
         &mut self,
         relay: RelayId,
         relay_port: u16,
         channels: &[(OffloadChannel, u16)],
+        now: Instant,
         deltas: &mut Vec<Delta>,
     ) {
         let mut old = self.by_relay.remove(&relay).unwrap_or_default();
         let mut new = Vec::with_capacity(channels.len());
         for (channel, listener_port) in channels {
-            let Some(spec) = self.spec(channel, *listener_port, relay_port) else {
+            let Some(spec) = self.spec(channel, *listener_port, relay_port, now) else {
                 continue;
             };
-            if let Err(e) = self.offload.install(&spec) {
-                tracing::warn!(target: "stunner", "offload: cannot install channel {:#x} of {}: {e}", spec.channel, spec.client);
-                continue;
-            }
             let kept = old.iter().position(|o| {
-                o.spec.out_key() == spec.out_key() && o.spec.in_key() == spec.in_key()
+                EntrySpec {
+                    expires_ns: spec.expires_ns,
+                    ..o.spec
+                } == spec
             });
-            let (seen_out, seen_in) = match kept {
+            let entry = match kept {
                 Some(i) => {
-                    let o = old.swap_remove(i);
-                    (o.seen_out, o.seen_in)
+                    let mut entry = old.swap_remove(i);
+                    entry.expires_at = channel.expires_at;
+                    let later = spec.expires_ns >= entry.spec.expires_ns;
+                    let near = self.ns(now + EXTEND_AT_SYNC) >= entry.spec.expires_ns;
+                    if spec.expires_ns != entry.spec.expires_ns && (!later || near) {
+                        self.rewrite(&mut entry, spec.expires_ns, deltas);
+                    }
+                    entry
                 }
-                None => Default::default(),
+                None => {
+                    if let Err(e) = self.offload.install(&spec) {
+                        tracing::warn!(target: "stunner", "offload: cannot install channel {:#x} of {}: {e}", spec.channel, spec.client);
+                        continue;
+                    }
+                    Installed {
+                        spec,
+                        listener: channel.listener,
+                        cluster: channel.cluster,
+                        expires_at: channel.expires_at,
+                        seen_out: Relayed::default(),
+                        seen_in: Relayed::default(),
+                    }
+                }
             };
-            new.push(Installed {
-                spec,
-                listener: channel.listener,
-                cluster: channel.cluster,
-                expires_at: channel.expires_at,
-                seen_out,
-                seen_in,
-            });
+            new.push(entry);
         }
         for gone in old {
             self.remove(gone, deltas);
         }
         if !new.is_empty() {
             self.by_relay.insert(relay, new);
+        }
+    }
+
+    /// Gives `entry` a new end in the kernel, keeping its counters there (what the program
+    /// counts between the read and the write is lost: microseconds).
+    fn rewrite(&self, entry: &mut Installed, expires_ns: u64, deltas: &mut Vec<Delta>) {
+        if let Some(delta) = self.read(entry) {
+            deltas.push(delta);
+        }
+        let spec = EntrySpec {
+            expires_ns,
+            ..entry.spec
+        };
+        let mut out = spec.out_value();
+        let mut into = spec.in_value();
+        let mut kernel = [0u8; IN_VALUE];
+        if let Ok(true) = self
+            .offload
+            .out
+            .lookup(&spec.out_key(), &mut kernel[..OUT_VALUE])
+        {
+            out[OUT_COUNTERS..].copy_from_slice(&kernel[OUT_COUNTERS..OUT_VALUE]);
+        }
+        if let Ok(true) = self.offload.into.lookup(&spec.in_key(), &mut kernel) {
+            into[IN_COUNTERS..].copy_from_slice(&kernel[IN_COUNTERS..]);
+        }
+        let written = self
+            .offload
+            .out
+            .update(&spec.out_key(), &out)
+            .and_then(|()| self.offload.into.update(&spec.in_key(), &into));
+        match written {
+            Ok(()) => entry.spec = spec,
+            Err(e) => {
+                tracing::warn!(target: "stunner", "offload: cannot extend channel {:#x} of {}: {e}", spec.channel, spec.client)
+            }
         }
     }
 
@@ -651,15 +743,18 @@ impl OffloadTable {
         (delta.out.packets + delta.into.packets > 0).then_some(delta)
     }
 
-    /// Reads every entry's counters, and removes the entries that ended by `now` (the program
-    /// stopped relaying them at their end already): the allocations to check again, whose
-    /// channels may have been refreshed meanwhile.
+    /// Reads every entry's counters and writes the extensions that waited: the allocations
+    /// with an entry that ended by `now` (the program stopped relaying it at its end already),
+    /// to check again.
     pub(crate) fn sync(&mut self, now: Instant, deltas: &mut Vec<Delta>) -> Vec<RelayId> {
         let mut ended = Vec::new();
         let mut by_relay = std::mem::take(&mut self.by_relay);
         for (relay, entries) in &mut by_relay {
             for entry in entries.iter_mut() {
-                if let Some(delta) = self.read(entry) {
+                let engine_ns = self.ns(entry.expires_at);
+                if engine_ns > entry.spec.expires_ns {
+                    self.rewrite(entry, engine_ns, deltas);
+                } else if let Some(delta) = self.read(entry) {
                     deltas.push(delta);
                 }
             }

@@ -209,7 +209,7 @@ impl<D: Driver> Shard<D> {
                     .then(|| (channel, listener.spec.port))
             })
             .collect();
-        self.relays.offload_channels(relay, &channels);
+        self.relays.offload_channels(relay, &channels, now);
     }
 
     /// Reads the offload's counters into the shard's, checks every allocation again when the

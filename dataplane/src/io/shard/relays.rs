@@ -60,14 +60,19 @@ impl<W> Relays<W> {
 
     /// Makes the kernel offload relay `channels` (each with its listener's port) of allocation
     /// `relay`, and nothing else of it.
-    pub(super) fn offload_channels(&mut self, relay: RelayId, channels: &[(OffloadChannel, u16)]) {
+    pub(super) fn offload_channels(
+        &mut self,
+        relay: RelayId,
+        channels: &[(OffloadChannel, u16)],
+        now: std::time::Instant,
+    ) {
         let port = self
             .sockets
             .get(relay.0 as usize)
             .and_then(Option::as_ref)
             .map(|r| r.port);
         if let (Some(table), Some(port)) = (self.offload.as_mut(), port) {
-            table.set(relay, port, channels, &mut self.offload_deltas);
+            table.set(relay, port, channels, now, &mut self.offload_deltas);
         }
     }
 
