@@ -33,7 +33,8 @@
 # process stays nearly idle and its cost shows in machine µs/pkt instead. Needs root (CAP_BPF,
 # CAP_NET_ADMIN), Linux 6.6 and a build that found clang and libbpf-dev; the column "offloaded
 # %" is the share of delivered packets the kernel relayed (stunnerd's
-# uturn_offloaded_packets_total, scraped after the run); its server.log says why when 0.
+# uturn_offloaded_packets_total, scraped after the run; left out of FIND_MAX runs, whose counter
+# spans the whole search); its server.log says why when 0.
 #
 # `direct` is a pseudo-server for SERVERS: no server process, turnperf --mode direct sends the
 # same traffic straight between its clients and its peer (UDP only). It is the baseline of the
@@ -198,7 +199,10 @@ measure() {
   [ -n "$server_pid" ] && mode+=(--server-pid "$server_pid")
   if report=$("${client_cpu[@]}" target/release/turnperf "127.0.0.1:$port" -n "$allocs" -s "$size" \
       -r "$rate" -d "$DURATION" "${mode[@]}" "$@" --json -q); then
-    [ "$name" = uturn-offload ] && extra="$extra,\"offloaded\":$(offloaded)"
+    # Not for --find-max runs: the counter covers every step of the search, not the last one.
+    if [ "$name" = uturn-offload ] && [[ " $* " != *" --find-max "* ]]; then
+      extra="$extra,\"offloaded\":$(offloaded)"
+    fi
     echo "{\"server\":\"$name\",\"threads\":$threads$extra,\"result\":$report}" >> "$file"
   else
     echo "  run failed; see $OUT/server.log" >&2

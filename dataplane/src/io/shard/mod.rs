@@ -541,6 +541,11 @@ impl<D: Driver> Shard<D> {
             return;
         }
         if let Some(n) = self.dispatch_turn_message(now, socket.id, from, data) {
+            // The kernel relays a channel from the moment its ChannelBind is answered: the
+            // entry is installed before the answer leaves.
+            if self.relays.offload.is_some() {
+                self.sync_offload(now);
+            }
             socket.send_to(from, &self.out[..n], &mut self.counters);
         }
     }
