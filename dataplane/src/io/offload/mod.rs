@@ -285,7 +285,7 @@ pub fn start(mode: OffloadMode, interfaces: &[String]) -> (Option<Arc<Offload>>,
         interfaces,
     };
     let outcome = match mode {
-        OffloadMode::None => Err("offload none (the default)".to_owned()),
+        OffloadMode::None => Err("--offload none (the default)".to_owned()),
         OffloadMode::Xdp => Err("XDP offload is not built yet: use --offload tc".to_owned()),
         OffloadMode::Tc | OffloadMode::Auto => {
             let names = if interfaces.is_empty() {
@@ -324,7 +324,10 @@ pub fn start(mode: OffloadMode, interfaces: &[String]) -> (Option<Arc<Offload>>,
         }
         Err(reason) => {
             match mode {
-                OffloadMode::None => {}
+                OffloadMode::None => tracing::info!(
+                    target: "stunnerd",
+                    "offload: none ({reason}; --offload tc relays channels in the kernel)"
+                ),
                 OffloadMode::Auto => tracing::info!(
                     target: "stunnerd",
                     "offload: none (auto: {reason}); relaying in user space"
