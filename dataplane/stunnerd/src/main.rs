@@ -441,6 +441,12 @@ fn main() -> ExitCode {
     let scrape_stats = dataplane.stats_handle();
     let status_stats = dataplane.stats_handle();
     let follow_loglevel = cli_log.is_none();
+    let offload_flag_set = cli.offload.is_some();
+    let offload_seen = std::sync::Mutex::new((
+        config.admin.offload_engine.clone(),
+        config.admin.offload_interfaces.clone(),
+    ));
+    let offload_running = offload_status.running;
     let running_loglevel = std::sync::Mutex::new(log_spec);
     let control = match Control::start(ControlConfig {
         source,
@@ -462,6 +468,26 @@ fn main() -> ExitCode {
                 running.clone_from(&config.admin.loglevel);
                 logging::set_spec(&config.admin.loglevel);
             }
+            // The offload is chosen once, at start; say so when a config asks for another.
+            let asked = (
+                config.admin.offload_engine.clone(),
+                config.admin.offload_interfaces.clone(),
+            );
+            let Ok(mut seen) = offload_seen.lock() else {
+                return;
+            };
+            if offload_flag_set || asked == *seen {
+                return;
+            }
+            tracing::warn!(
+                target: "stunnerd",
+                "admin.offload_engine {:?} / offload_interfaces {:?}: the offload is chosen at \
+                 start ({} runs); restart stunnerd to change it",
+                asked.0,
+                asked.1,
+                offload_running
+            );
+            *seen = asked;
         }),
         metrics: Arc::new(move |recorder: &dyn metrics::Recorder| {
             uturn_dataplane::io::metrics::record(&scrape_stats, recorder)

@@ -784,3 +784,45 @@ fn refreshing_as_fast_as_possible_writes_the_map_once_a_second_at_most() {
     assert_eq!(echoes(&mut link, 10), 10);
     assert!(wait_until(3, || s.offloaded("to_peer") >= 10));
 }
+
+/// The offload is chosen at start. A config that asks for another later (admin.offload_engine
+/// from the config origin, without --offload) gets a warning naming it, and the running
+/// choice stays.
+#[test]
+fn a_reload_asking_for_another_offload_is_told_to_restart() {
+    let (port, health, metrics) = (free_port(), free_port(), free_port());
+    let config = temp_file("offload-reload.yaml");
+    std::fs::write(&config, config_text(port, health, metrics, "127.0.0.1")).unwrap();
+    let server = Stunnerd::start(&["-w", "-c", &format!("file://{}", config.display())], &[]);
+    assert!(
+        wait_until(10, || status(health).is_some()),
+        "{}",
+        server.logs()
+    );
+    assert_eq!(status(health).unwrap()["offload"]["running"], "none");
+    assert!(
+        server
+            .logs()
+            .contains("offload: none (--offload none (the default)"),
+        "{}",
+        server.logs()
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace(
+            "admin: {name: offload,",
+            "admin: {name: offload, offload_engine: TC,",
+        ),
+    )
+    .unwrap();
+    assert!(
+        wait_until(10, || server
+            .logs()
+            .contains("restart stunnerd to change it")),
+        "{}",
+        server.logs()
+    );
+    assert_eq!(status(health).unwrap()["offload"]["running"], "none");
+    let _ = std::fs::remove_file(&config);
+}
