@@ -299,20 +299,11 @@ impl Netns {
     /// Starts a UDP echo peer (python3) on `peer_ip:port` inside the namespace, and waits
     /// until it echoes a datagram sent from the host side.
     fn start_echo_peer(&mut self, port: u16) -> std::net::SocketAddr {
-        let script = format!(
-            "import socket\n\
-             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
-             s.bind(('{}', {port}))\n\
-             while True:\n    data, source = s.recvfrom(65535)\n    s.sendto(data, source)\n",
-            self.peer_ip
-        );
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.name, "python3", "-c", &script])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("ip netns exec … python3");
-        self.procs.push(Killed(child));
+        self.procs.push(uturn_testkit::peers::echo_peer_in_netns(
+            &self.name,
+            self.peer_ip.into(),
+            port,
+        ));
         let peer = std::net::SocketAddr::from((self.peer_ip, port));
         let probe = UdpSocket::bind((self.host_ip, 0)).unwrap();
         probe
@@ -333,20 +324,7 @@ impl Drop for Netns {
         // Our processes first (by PID), then any left in the namespace (only ours can be),
         // so none keeps it alive; deleting it removes the veth pair.
         self.procs.clear();
-        if let Ok(out) = Command::new("ip")
-            .args(["netns", "pids", &self.name])
-            .output()
-        {
-            for pid in String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .filter_map(|p| p.parse::<i32>().ok())
-            {
-                // SAFETY: kill(2) on a process in the namespace this test made.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                }
-            }
-        }
+        uturn_testkit::peers::kill_netns_processes(&self.name);
         let quiet = |args: &[&str]| {
             let _ = Command::new("ip")
                 .args(args)

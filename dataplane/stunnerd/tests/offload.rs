@@ -446,18 +446,9 @@ impl PodShape {
 
     /// A UDP echo peer (python3) on the peer's address.
     fn start_echo_peer(&mut self, port: u16) {
-        let script = format!(
-            "import socket\n\
-             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
-             s.bind(('{}', {port}))\n\
-             while True:\n    data, source = s.recvfrom(65535)\n    s.sendto(data, source)\n",
-            self.peer
-        );
-        let child = std::process::Command::new("ip")
-            .args(["netns", "exec", &self.ns("peer"), "python3", "-c", &script])
-            .spawn()
-            .expect("ip netns exec … python3");
-        self.procs.push(uturn_testkit::stunnerd::Killed(child));
+        let peer =
+            uturn_testkit::peers::echo_peer_in_netns(&self.ns("peer"), self.peer.into(), port);
+        self.procs.push(peer);
     }
 
     /// `GET url` from inside namespace `role`.
@@ -496,20 +487,7 @@ impl Drop for PodShape {
         self.procs.clear();
         for role in ["pod", "client", "peer", "node"] {
             let ns = self.ns(role);
-            if let Ok(out) = std::process::Command::new("ip")
-                .args(["netns", "pids", &ns])
-                .output()
-            {
-                for pid in String::from_utf8_lossy(&out.stdout)
-                    .split_whitespace()
-                    .filter_map(|p| p.parse::<i32>().ok())
-                {
-                    // SAFETY: kill(2) on a process in a namespace this test made.
-                    unsafe {
-                        libc::kill(pid, libc::SIGKILL);
-                    }
-                }
-            }
+            uturn_testkit::peers::kill_netns_processes(&ns);
             // Deleting a namespace removes its ends of the veth pairs, and so the pairs.
             let _ = std::process::Command::new("ip")
                 .args(["netns", "del", &ns])

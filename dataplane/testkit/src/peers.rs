@@ -85,3 +85,41 @@ impl Drop for Peer {
         }
     }
 }
+
+/// A UDP echo peer (python3) on `ip:port` inside network namespace `netns` (a test's own),
+/// killed when the returned guard drops.
+pub fn echo_peer_in_netns(netns: &str, ip: std::net::IpAddr, port: u16) -> crate::stunnerd::Killed {
+    let script = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.bind(('{ip}', {port}))\n\
+         while True:\n    data, source = s.recvfrom(65535)\n    s.sendto(data, source)\n"
+    );
+    let child = std::process::Command::new("ip")
+        .args(["netns", "exec", netns, "python3", "-c", &script])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("ip netns exec … python3");
+    crate::stunnerd::Killed(child)
+}
+
+/// SIGKILLs every process left in network namespace `netns` (a test's own, so only its
+/// processes can be there), so that none keeps the namespace alive once it is deleted.
+pub fn kill_netns_processes(netns: &str) {
+    let Ok(out) = std::process::Command::new("ip")
+        .args(["netns", "pids", netns])
+        .output()
+    else {
+        return;
+    };
+    for pid in String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
+        // SAFETY: kill(2) on a process in a namespace the calling test made.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}

@@ -548,6 +548,29 @@ fn interface_to(to: Ipv4Addr) -> Option<u32> {
     ifindex(best?.1).ok()
 }
 
+/// An entry pair's values as the kernel has them (client → peer, peer → client).
+type KernelValues = (Option<[u8; OUT_VALUE]>, Option<[u8; IN_VALUE]>);
+
+/// What `entry` relayed since its last read, given the kernel's `values` of it (an entry the
+/// kernel no longer has counts as unchanged).
+fn account(entry: &mut Installed, values: &KernelValues) -> Option<Delta> {
+    let out = values
+        .0
+        .map_or(entry.seen_out, |v| Relayed::read(&v, OUT_COUNTERS));
+    let into = values
+        .1
+        .map_or(entry.seen_in, |v| Relayed::read(&v, IN_COUNTERS));
+    let delta = Delta {
+        listener: entry.listener,
+        cluster: entry.cluster,
+        out: out.since(entry.seen_out),
+        into: into.since(entry.seen_in),
+    };
+    entry.seen_out = out;
+    entry.seen_in = into;
+    (delta.out.packets + delta.into.packets > 0).then_some(delta)
+}
+
 impl OffloadTable {
     pub(crate) fn new(offload: Arc<Offload>) -> OffloadTable {
         OffloadTable {
@@ -671,7 +694,8 @@ impl OffloadTable {
     /// Gives `entry` a new end in the kernel, keeping its counters there (what the program
     /// counts between the read and the write is lost: microseconds).
     fn rewrite(&self, entry: &mut Installed, expires_ns: u64, deltas: &mut Vec<Delta>) {
-        if let Some(delta) = self.read(entry) {
+        let kernel = self.values(&entry.spec);
+        if let Some(delta) = account(entry, &kernel) {
             deltas.push(delta);
         }
         let spec = EntrySpec {
@@ -680,15 +704,10 @@ impl OffloadTable {
         };
         let mut out = spec.out_value();
         let mut into = spec.in_value();
-        let mut kernel = [0u8; IN_VALUE];
-        if let Ok(true) = self
-            .offload
-            .out
-            .lookup(&spec.out_key(), &mut kernel[..OUT_VALUE])
-        {
-            out[OUT_COUNTERS..].copy_from_slice(&kernel[OUT_COUNTERS..OUT_VALUE]);
+        if let Some(kernel) = kernel.0 {
+            out[OUT_COUNTERS..].copy_from_slice(&kernel[OUT_COUNTERS..]);
         }
-        if let Ok(true) = self.offload.into.lookup(&spec.in_key(), &mut kernel) {
+        if let Some(kernel) = kernel.1 {
             into[IN_COUNTERS..].copy_from_slice(&kernel[IN_COUNTERS..]);
         }
         let written = self
@@ -722,28 +741,22 @@ impl OffloadTable {
 
     /// What `entry` relayed since its last read.
     fn read(&self, entry: &mut Installed) -> Option<Delta> {
-        let mut value = [0u8; IN_VALUE];
-        let out = match self
-            .offload
-            .out
-            .lookup(&entry.spec.out_key(), &mut value[..OUT_VALUE])
-        {
-            Ok(true) => Relayed::read(&value, OUT_COUNTERS),
-            _ => entry.seen_out,
-        };
-        let into = match self.offload.into.lookup(&entry.spec.in_key(), &mut value) {
-            Ok(true) => Relayed::read(&value, IN_COUNTERS),
-            _ => entry.seen_in,
-        };
-        let delta = Delta {
-            listener: entry.listener,
-            cluster: entry.cluster,
-            out: out.since(entry.seen_out),
-            into: into.since(entry.seen_in),
-        };
-        entry.seen_out = out;
-        entry.seen_in = into;
-        (delta.out.packets + delta.into.packets > 0).then_some(delta)
+        let kernel = self.values(&entry.spec);
+        account(entry, &kernel)
+    }
+
+    /// The kernel's values of `spec`'s two entries (`None` for one that is not there).
+    fn values(&self, spec: &EntrySpec) -> KernelValues {
+        let mut out = [0u8; OUT_VALUE];
+        let mut into = [0u8; IN_VALUE];
+        let out =
+            matches!(self.offload.out.lookup(&spec.out_key(), &mut out), Ok(true)).then_some(out);
+        let into = matches!(
+            self.offload.into.lookup(&spec.in_key(), &mut into),
+            Ok(true)
+        )
+        .then_some(into);
+        (out, into)
     }
 
     /// Reads every entry's counters and writes the extensions that waited: the allocations
