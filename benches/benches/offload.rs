@@ -1,6 +1,6 @@
-//! The kernel offload's own per-packet cost: its TC program run in the kernel on crafted
-//! Ethernet/IPv4/UDP frames (`BPF_PROG_TEST_RUN`), against the limit (a program that only
-//! redirects) and against a miss (ChannelData of a channel no entry matches, which goes up to
+//! The kernel offload's own per-packet cost: its TC and XDP programs run in the kernel on
+//! crafted Ethernet/IPv4/UDP frames (`BPF_PROG_TEST_RUN`), each against its limit (a program
+//! that only redirects, or only returns XDP_TX) and against a miss (ChannelData of a channel no entry matches, which goes up to
 //! user space untouched). Every rewrite is checked byte for byte against a frame built here,
 //! and both checksums of every output are verified with this file's own checksum code: a
 //! correctness check of the program's incremental checksum updates too.
@@ -29,8 +29,15 @@ const PAYLOADS: [usize; 2] = [100, 1200];
 const CHANNEL: u16 = 0x4001;
 /// Where the program sends a relayed packet: an entry with an interface gets
 /// `bpf_redirect_neigh` (`TC_ACT_REDIRECT`; under test run nothing is sent). An entry with 0
-/// (this host) would return `TC_ACT_OK` on the loopback device, the verdict of a miss.
+/// (this host) would return `TC_ACT_OK` on the loopback device, the verdict of a miss. The
+/// XDP program sends back out (XDP_TX) an entry whose interface is the one the frame came in
+/// on: under test run, the loopback's.
 const IFINDEX: u32 = 1;
+/// The Ethernet destination and source `frame` writes, which the XDP program writes from the
+/// entry.
+const MACS: [u8; 12] = [0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01];
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
 const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
 
@@ -57,6 +64,8 @@ fn channels(expires_ns: u64) -> (EntrySpec, EntrySpec) {
         peer,
         peer_ifindex: IFINDEX,
         client_ifindex: IFINDEX,
+        peer_macs: Some(MACS),
+        client_macs: Some(MACS),
         expires_ns,
     };
     (
@@ -96,7 +105,8 @@ fn udp_sum(ip: &[u8], udp: &[u8]) -> u16 {
 /// An Ethernet frame carrying `payload` in UDP from `src` to `dst`, both checksums set.
 fn frame(src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(ETH + IP + UDP + payload.len());
-    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01, 0x08, 0x00]);
+    f.extend_from_slice(&MACS);
+    f.extend_from_slice(&[0x08, 0x00]);
     let total = (IP + UDP + payload.len()) as u16;
     f.extend_from_slice(&[0x45, 0]);
     f.extend_from_slice(&total.to_be_bytes());
@@ -219,14 +229,25 @@ fn median(mut values: Vec<u32>) -> u32 {
 struct Programs {
     offload: Offload,
     limit: LimitProgram,
+    xdp_limit: LimitProgram,
+}
+
+/// Which program runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Which {
+    Tc,
+    TcLimit,
+    Xdp,
+    XdpLimit,
 }
 
 impl Programs {
-    fn run(&self, limit: bool, packet: &[u8], repeat: u32) -> TestRun {
-        let run = if limit {
-            self.limit.test_run(packet, repeat)
-        } else {
-            self.offload.test_run(packet, repeat)
+    fn run(&self, which: Which, packet: &[u8], repeat: u32) -> TestRun {
+        let run = match which {
+            Which::Tc => self.offload.test_run(packet, repeat),
+            Which::TcLimit => self.limit.test_run(packet, repeat),
+            Which::Xdp => self.offload.test_run_xdp(packet, repeat),
+            Which::XdpLimit => self.xdp_limit.test_run(packet, repeat),
         };
         run.unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"))
     }
@@ -236,7 +257,7 @@ impl Programs {
     fn looped(
         &self,
         what: &str,
-        limit: bool,
+        limit: Which,
         packet: &[u8],
         verdict: u32,
         (runs, repeat): (usize, u32),
@@ -253,7 +274,7 @@ impl Programs {
     }
 
     /// Median ns of `singles` single runs on `packet`.
-    fn single(&self, limit: bool, packet: &[u8], singles: usize) -> u32 {
+    fn single(&self, limit: Which, packet: &[u8], singles: usize) -> u32 {
         median(
             (0..singles)
                 .map(|_| self.run(limit, packet, 1).duration_ns)
@@ -274,6 +295,7 @@ fn main() {
         Ok(Programs {
             offload,
             limit: Offload::limit_program()?,
+            xdp_limit: Offload::limit_program_xdp()?,
         })
     }) {
         Ok(programs) => programs,
@@ -299,12 +321,12 @@ fn main() {
     }
 
     println!(
-        "offload: TC program in the kernel (BPF_PROG_TEST_RUN), ns per packet; single runs: \
-         median of {singles}, loops: median of {runs} x {repeat}"
+        "offload: TC and XDP programs in the kernel (BPF_PROG_TEST_RUN), ns per packet; single \
+         runs: median of {singles}, loops: median of {runs} x {repeat}"
     );
     println!(
-        "{:<14} {:>7} {:>8} {:>6} {:>6}",
-        "direction", "payload", "offload", "limit", "miss"
+        "{:<14} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}",
+        "direction", "payload", "tc", "limit", "miss", "xdp", "limit", "miss"
     );
     let mut loops = Vec::new();
     for len in PAYLOADS {
@@ -326,44 +348,65 @@ fn main() {
             ("peer→client", &from_peer, &at_client, &peer_miss),
         ] {
             let what = format!("{direction} {len} B");
-            let run = programs.run(false, input, 1);
+            let run = programs.run(Which::Tc, input, 1);
             assert_eq!(run.verdict, TC_ACT_REDIRECT, "{what}: verdict");
             check_frame(&what, &run.packet, want);
-            let missed = programs.run(false, miss, 1);
+            let missed = programs.run(Which::Tc, miss, 1);
             assert!(
                 !matches!(missed.verdict, TC_ACT_REDIRECT | TC_ACT_SHOT),
                 "{what}: a miss's verdict {}",
                 missed.verdict
             );
             check_frame(&format!("{what} miss"), &missed.packet, miss);
+            let run = programs.run(Which::Xdp, input, 1);
+            assert_eq!(run.verdict, XDP_TX, "{what}: XDP verdict");
+            check_frame(&format!("{what} XDP"), &run.packet, want);
+            let missed = programs.run(Which::Xdp, miss, 1);
+            assert_eq!(missed.verdict, XDP_PASS, "{what}: a miss's XDP verdict");
+            check_frame(&format!("{what} XDP miss"), &missed.packet, miss);
             println!(
-                "{direction:<14} {len:>5} B {:>8} {:>6} {:>6}",
-                programs.single(false, input, singles),
-                programs.single(true, input, singles),
-                programs.single(false, miss, singles),
+                "{direction:<14} {len:>5} B {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}",
+                programs.single(Which::Tc, input, singles),
+                programs.single(Which::TcLimit, input, singles),
+                programs.single(Which::Tc, miss, singles),
+                programs.single(Which::Xdp, input, singles),
+                programs.single(Which::XdpLimit, input, singles),
+                programs.single(Which::Xdp, miss, singles),
             );
         }
         // The loop: the channel relays, its mirror relays back; after an even number of runs
         // the frame must be the input again, checksums included, after a million incremental
         // updates.
-        let redirect = programs.run(true, &to_peer, 1).verdict;
-        let missed = programs.run(false, &client_miss, 1).verdict;
+        let redirect = programs.run(Which::TcLimit, &to_peer, 1).verdict;
+        let missed = programs.run(Which::Tc, &client_miss, 1).verdict;
+        let even = (runs, repeat & !1);
         loops.push((
             len,
-            programs.looped(
-                "loop",
-                false,
-                &to_peer,
-                TC_ACT_REDIRECT,
-                (runs, repeat & !1),
-            ),
-            programs.looped("limit", true, &to_peer, redirect, (runs, repeat)),
-            programs.looped("miss", false, &client_miss, missed, (runs, repeat)),
+            [
+                programs.looped("loop", Which::Tc, &to_peer, TC_ACT_REDIRECT, even),
+                programs.looped("limit", Which::TcLimit, &to_peer, redirect, (runs, repeat)),
+                programs.looped("miss", Which::Tc, &client_miss, missed, (runs, repeat)),
+                programs.looped("XDP loop", Which::Xdp, &to_peer, XDP_TX, even),
+                programs.looped(
+                    "XDP limit",
+                    Which::XdpLimit,
+                    &to_peer,
+                    XDP_TX,
+                    (runs, repeat),
+                ),
+                programs.looped(
+                    "XDP miss",
+                    Which::Xdp,
+                    &client_miss,
+                    XDP_PASS,
+                    (runs, repeat),
+                ),
+            ],
         ));
     }
-    for (len, offload, limit, miss) in loops {
+    for (len, [tc, limit, miss, xdp, xdp_limit, xdp_miss]) in loops {
         println!(
-            "{:<14} {len:>5} B {offload:>8} {limit:>6} {miss:>6}",
+            "{:<14} {len:>5} B {tc:>6} {limit:>6} {miss:>6} {xdp:>6} {xdp_limit:>6} {xdp_miss:>6}",
             "both, looped"
         );
     }

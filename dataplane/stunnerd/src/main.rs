@@ -413,6 +413,7 @@ fn main() -> ExitCode {
         }
     };
     let (offload, offload_status) = offload::start(offload_mode, &config.admin.offload_interfaces);
+    let offload_live = offload.clone();
     let dataplane = match Dataplane::start(DataplaneConfig {
         shards,
         offload,
@@ -499,13 +500,22 @@ fn main() -> ExitCode {
                     .iter()
                     .map(|s| s.report.lock().map(|r| r.offload_channels).unwrap_or(0))
                     .sum();
+                // Live: XDP is taken off an interface that drops what it sends.
+                let xdp_interfaces = offload_live
+                    .as_ref()
+                    .map(|o| o.xdp_interfaces())
+                    .unwrap_or_default();
                 doc.insert(
                     "offload".into(),
                     serde_json::json!({
                         "requested": offload_status.requested.name(),
-                        "running": offload_status.running,
+                        "running": match (offload_status.running, &xdp_interfaces) {
+                            ("xdp", xdp) if xdp.is_empty() => "tc",
+                            (running, _) => running,
+                        },
                         "reason": offload_status.reason,
                         "interfaces": offload_status.interfaces,
+                        "xdp_interfaces": xdp_interfaces,
                         "channels": channels,
                     }),
                 );

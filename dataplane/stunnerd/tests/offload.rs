@@ -385,10 +385,14 @@ fn run(args: &[&str]) -> String {
 }
 
 impl PodShape {
-    fn create() -> PodShape {
+    /// The namespaces, with the veths' checksum offloads on (`checksum_offload`) or off.
+    fn create(checksum_offload: bool) -> PodShape {
+        // Tests of one process run in parallel: each shape gets its own names and subnet.
+        static SHAPES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = SHAPES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
         let pid = std::process::id();
-        let third = (pid % 250) as u8;
-        let prefix = format!("ut{pid}");
+        let third = ((pid * 10 + seq) % 250) as u8;
+        let prefix = format!("ut{pid}{seq}");
         let shape = PodShape {
             prefix: prefix.clone(),
             pod: [10, 214, third, 2].into(),
@@ -430,9 +434,11 @@ impl PodShape {
             run(&["ip", "-n", &ns, "addr", "add", &far_ip, "dev", &far_side]);
             for (n, dev) in [(&node, &node_side), (&ns, &far_side)] {
                 run(&["ip", "-n", n, "link", "set", dev, "up"]);
-                run(&[
-                    "ip", "netns", "exec", n, "ethtool", "-K", dev, "tx", "off", "rx", "off",
-                ]);
+                if !checksum_offload {
+                    run(&[
+                        "ip", "netns", "exec", n, "ethtool", "-K", dev, "tx", "off", "rx", "off",
+                    ]);
+                }
             }
             run(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
             run(&["ip", "-n", &ns, "route", "add", "default", "via", &node_ip]);
@@ -442,6 +448,60 @@ impl PodShape {
 
     fn ns(&self, role: &str) -> String {
         format!("{}-{role}", self.prefix)
+    }
+
+    /// The pod's interface (its eth0).
+    fn pod_interface(&self) -> String {
+        format!("{}0f", self.prefix)
+    }
+
+    /// Runs an XDP program that passes everything on the node's end of the pod's veth: a veth
+    /// delivers the frames XDP sends out of its other end only to a peer that runs XDP (what
+    /// a CNI that uses XDP does on the host side). Built with clang, as the offload is.
+    fn node_side_xdp(&self) {
+        let source = temp_file("xdp-pass.c");
+        let object = source.with_extension("o");
+        std::fs::write(
+            &source,
+            "#include <linux/bpf.h>\n\
+             __attribute__((section(\"xdp\"), used)) int pass(struct xdp_md *c) { return XDP_PASS; }\n\
+             char _license[] __attribute__((section(\"license\"), used)) = \"GPL\";\n",
+        )
+        .unwrap();
+        let include = format!("/usr/include/{}-linux-gnu", std::env::consts::ARCH);
+        let built = std::iter::once("clang".to_owned())
+            .chain((14..=21).rev().map(|v| format!("clang-{v}")))
+            .any(|clang| {
+                std::process::Command::new(clang)
+                    .args(["-g", "-O2", "-target", "bpf", "-I", &include, "-c"])
+                    .arg(&source)
+                    .arg("-o")
+                    .arg(&object)
+                    .status()
+                    .is_ok_and(|s| s.success())
+            });
+        assert!(
+            built,
+            "no clang to build the node's XDP program (the README's test command installs it)"
+        );
+        let dev = format!("{}0n", self.prefix);
+        let object_path = object.display().to_string();
+        run(&[
+            "ip",
+            "-n",
+            &self.ns("node"),
+            "link",
+            "set",
+            "dev",
+            &dev,
+            "xdpdrv",
+            "obj",
+            &object_path,
+            "sec",
+            "xdp",
+        ]);
+        let _ = std::fs::remove_file(&source);
+        let _ = std::fs::remove_file(&object);
     }
 
     /// A UDP echo peer (python3) on the peer's address.
@@ -496,83 +556,77 @@ impl Drop for PodShape {
     }
 }
 
-#[test]
-fn relays_through_the_kernel_between_namespaces_shaped_like_a_pod_with_valid_checksums() {
-    let mut shape = PodShape::create();
-    let peer_port = free_port();
-    shape.start_echo_peer(peer_port);
-    let (port, metrics) = (free_port(), free_port());
-    let config = temp_file("offload-pod.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "version: v1\nadmin: {{name: pod, healthcheck_endpoint: \"\", \
-             metrics_endpoint: \"http://{pod}:{metrics}/metrics\"}}\n\
-             auth: {{type: static, credentials: {{username: {}, password: {}}}}}\n\
-             listeners: [{{name: udp, address: {pod}, port: {port}, routes: [media]}}]\n\
-             clusters: [{{name: media, endpoints: [\"{peer}\"]}}]\n",
-            LINK_CREDS.0,
-            LINK_CREDS.1,
-            pod = shape.pod,
-            peer = shape.peer
-        ),
-    )
-    .unwrap();
-    let pod_ns = shape.ns("pod");
-    let server = Stunnerd::start_under(
-        &["ip", "netns", "exec", &pod_ns],
-        &[
-            "--offload",
-            "tc",
-            "-c",
-            &format!("file://{}", config.display()),
-        ],
-        &[],
-    );
-    let metrics_url = format!("http://{}:{metrics}/metrics", shape.pod);
-    assert!(
-        wait_until(10, || shape
-            .get("pod", &metrics_url)
-            .contains("uturn_offload_channels")),
-        "{}",
-        server.logs()
-    );
-    assert!(server.logs().contains("offload: tc"), "{}", server.logs());
-    let errors_before: Vec<u64> = ["client", "peer", "pod"]
-        .iter()
-        .map(|r| shape.checksum_errors(r))
-        .collect();
-    let (client_ns, port, peer_port) =
-        (shape.ns("client"), port.to_string(), peer_port.to_string());
-    let pod = shape.pod.to_string();
-    let peer = shape.peer.to_string();
-    let (sent, received, text) = uturn_testkit::stunnerd::uclient_under(
-        &["ip", "netns", "exec", &client_ns],
-        60,
-        &[
-            "-c",
-            "-n",
-            "100",
-            "-l",
-            "500",
-            "-u",
-            LINK_CREDS.0,
-            "-w",
-            LINK_CREDS.1,
-            "-p",
-            &port,
-            "-e",
-            &peer,
-            "-r",
-            &peer_port,
-            &pod,
-        ],
-    );
-    assert!(sent > 0, "nothing sent:\n{text}\n{}", server.logs());
-    assert_eq!(received, sent, "lost datagrams:\n{text}");
-    let offloaded = |direction: &str| -> u64 {
+/// A stunnerd in the pod namespace of `shape` with `--offload MODE`, relaying to its echo peer.
+struct PodServer {
+    server: Stunnerd,
+    port: u16,
+    peer_port: u16,
+    metrics_url: String,
+    health: u16,
+    config: std::path::PathBuf,
+}
+
+impl PodServer {
+    fn start(shape: &mut PodShape, mode: &str) -> PodServer {
+        let peer_port = free_port();
+        shape.start_echo_peer(peer_port);
+        let (port, metrics, health) = (free_port(), free_port(), free_port());
+        let config = temp_file("offload-pod.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: v1\nadmin: {{name: pod, healthcheck_endpoint: \"http://{pod}:{health}\", \
+                 metrics_endpoint: \"http://{pod}:{metrics}/metrics\"}}\n\
+                 auth: {{type: static, credentials: {{username: {}, password: {}}}}}\n\
+                 listeners: [{{name: udp, address: {pod}, port: {port}, routes: [media]}}]\n\
+                 clusters: [{{name: media, endpoints: [\"{peer}\"]}}]\n",
+                LINK_CREDS.0,
+                LINK_CREDS.1,
+                pod = shape.pod,
+                peer = shape.peer,
+            ),
+        )
+        .unwrap();
+        let pod_ns = shape.ns("pod");
+        let server = Stunnerd::start_under(
+            &["ip", "netns", "exec", &pod_ns],
+            &[
+                "--offload",
+                mode,
+                "-c",
+                &format!("file://{}", config.display()),
+            ],
+            &[],
+        );
+        let metrics_url = format!("http://{}:{metrics}/metrics", shape.pod);
+        assert!(
+            wait_until(10, || shape
+                .get("pod", &metrics_url)
+                .contains("uturn_offload_channels")),
+            "{}",
+            server.logs()
+        );
+        PodServer {
+            server,
+            port,
+            peer_port,
+            metrics_url,
+            health,
+            config,
+        }
+    }
+
+    /// `/status`'s `offload` object.
+    fn offload(&self, shape: &PodShape) -> serde_json::Value {
+        let url = format!("http://{}:{}/status", shape.pod, self.health);
+        serde_json::from_str::<serde_json::Value>(&shape.get("pod", &url))
+            .map(|s| s["offload"].clone())
+            .unwrap_or_default()
+    }
+
+    fn offloaded(&self, shape: &PodShape, direction: &str) -> u64 {
         shape
-            .get("pod", &metrics_url)
+            .get("pod", &self.metrics_url)
             .lines()
             .find_map(|l| {
                 l.strip_prefix(&format!(
@@ -581,13 +635,65 @@ fn relays_through_the_kernel_between_namespaces_shaped_like_a_pod_with_valid_che
             })
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
-    };
+    }
+
+    /// coturn's uclient in the client namespace, channel mode, `n` messages of 500 bytes:
+    /// (sent, received, its output).
+    fn uclient(&self, shape: &PodShape, n: u32) -> (u64, u64, String) {
+        let client_ns = shape.ns("client");
+        let (port, peer_port, n) = (
+            self.port.to_string(),
+            self.peer_port.to_string(),
+            n.to_string(),
+        );
+        let (pod, peer) = (shape.pod.to_string(), shape.peer.to_string());
+        uturn_testkit::stunnerd::uclient_under(
+            &["ip", "netns", "exec", &client_ns],
+            60,
+            &[
+                "-c",
+                "-n",
+                &n,
+                "-l",
+                "500",
+                "-u",
+                LINK_CREDS.0,
+                "-w",
+                LINK_CREDS.1,
+                "-p",
+                &port,
+                "-e",
+                &peer,
+                "-r",
+                &peer_port,
+                &pod,
+            ],
+        )
+    }
+}
+
+impl Drop for PodServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+/// Relays uclient's 100 messages through `pod`: none lost, at least half of each direction
+/// offloaded, no UDP checksum error anywhere. The count sent.
+fn relay_checked(shape: &PodShape, pod: &PodServer) -> u64 {
+    let errors_before: Vec<u64> = ["client", "peer", "pod"]
+        .iter()
+        .map(|r| shape.checksum_errors(r))
+        .collect();
+    let (sent, received, text) = pod.uclient(shape, 100);
+    assert!(sent > 0, "nothing sent:\n{text}\n{}", pod.server.logs());
+    assert_eq!(received, sent, "lost datagrams:\n{text}");
     assert!(
-        wait_until(5, || offloaded("to_peer") >= sent / 2
-            && offloaded("to_client") >= sent / 2),
+        wait_until(5, || pod.offloaded(shape, "to_peer") >= sent / 2
+            && pod.offloaded(shape, "to_client") >= sent / 2),
         "sent {sent}, offloaded {} / {}",
-        offloaded("to_peer"),
-        offloaded("to_client")
+        pod.offloaded(shape, "to_peer"),
+        pod.offloaded(shape, "to_client")
     );
     let errors_after: Vec<u64> = ["client", "peer", "pod"]
         .iter()
@@ -597,8 +703,108 @@ fn relays_through_the_kernel_between_namespaces_shaped_like_a_pod_with_valid_che
         errors_after, errors_before,
         "UDP checksum errors (client, peer, pod)"
     );
-    drop(server);
-    let _ = std::fs::remove_file(&config);
+    sent
+}
+
+#[test]
+fn relays_through_the_kernel_between_namespaces_shaped_like_a_pod_with_valid_checksums() {
+    let mut shape = PodShape::create(false);
+    let pod = PodServer::start(&mut shape, "tc");
+    assert!(
+        pod.server.logs().contains("offload: tc"),
+        "{}",
+        pod.server.logs()
+    );
+    relay_checked(&shape, &pod);
+}
+
+/// The pod's interface's count of frames its XDP program sent back out (`ethtool -S`).
+fn xdp_tx(shape: &PodShape) -> u64 {
+    let pod_ns = shape.ns("pod");
+    let stats = run(&[
+        "ip",
+        "netns",
+        "exec",
+        &pod_ns,
+        "ethtool",
+        "-S",
+        &shape.pod_interface(),
+    ]);
+    stats
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("rx_queue_"))
+        .filter_map(|l| l.split_once("_xdp_tx: "))
+        .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn xdp_relays_in_the_driver_of_a_pods_veth_with_valid_checksums() {
+    // Checksum offloads on (a veth's default): datagrams arrive with partial checksums, which
+    // the XDP program cannot tell from complete ones; it computes them whole.
+    let mut shape = PodShape::create(true);
+    shape.node_side_xdp();
+    let pod = PodServer::start(&mut shape, "xdp");
+    let offload = pod.offload(&shape);
+    assert_eq!(
+        offload["running"],
+        "xdp",
+        "{offload}\n{}",
+        pod.server.logs()
+    );
+    assert_eq!(
+        offload["xdp_interfaces"],
+        serde_json::json!([shape.pod_interface()]),
+        "{offload}"
+    );
+    let tx_before = xdp_tx(&shape);
+    relay_checked(&shape, &pod);
+    // Both legs of the offloaded traffic left through XDP_TX, not through TC.
+    let offloaded = pod.offloaded(&shape, "to_peer") + pod.offloaded(&shape, "to_client");
+    let tx = xdp_tx(&shape) - tx_before;
+    assert!(
+        tx >= offloaded,
+        "XDP sent {tx} of {offloaded} offloaded datagrams\n{}",
+        pod.server.logs()
+    );
+}
+
+#[test]
+fn xdp_on_a_veth_whose_peer_drops_what_it_sends_gives_way_to_tc() {
+    // A veth's default: no XDP program (and no GRO) on the node's side, so no NAPI there, and
+    // every frame the pod's XDP program sends back out is dropped. The server sees the drops, takes XDP off
+    // within a second, says why, and TC relays from then on.
+    let mut shape = PodShape::create(true);
+    let pod = PodServer::start(&mut shape, "xdp");
+    assert_eq!(
+        pod.offload(&shape)["running"],
+        "xdp",
+        "{}",
+        pod.server.logs()
+    );
+    let _ = pod.uclient(&shape, 20);
+    assert!(
+        wait_until(5, || pod.server.logs().contains("XDP taken off")),
+        "{}",
+        pod.server.logs()
+    );
+    let offload = pod.offload(&shape);
+    assert_eq!(offload["running"], "tc", "{offload}");
+    assert_eq!(
+        offload["xdp_interfaces"],
+        serde_json::json!([]),
+        "{offload}"
+    );
+    let before = pod.offloaded(&shape, "to_peer");
+    let (sent, received, text) = pod.uclient(&shape, 100);
+    assert!(sent > 0, "nothing sent:\n{text}\n{}", pod.server.logs());
+    assert_eq!(received, sent, "lost datagrams after XDP gave way:\n{text}");
+    assert!(
+        wait_until(5, || pod.offloaded(&shape, "to_peer") >= before + sent / 2),
+        "TC did not take over: {} offloaded before, {} after, {sent} sent",
+        before,
+        pod.offloaded(&shape, "to_peer")
+    );
 }
 
 /// What the deploy overlay grants (deploy/overlays/offload): a root process whose bounding set

@@ -20,8 +20,14 @@ pub(super) const MAP_PERCPU_ARRAY: u32 = 6;
 pub(super) const MAP_NO_PREALLOC: u32 = 1;
 /// `bpf_prog_type` of TC classifiers.
 pub(super) const PROG_SCHED_CLS: u32 = 3;
+/// `bpf_prog_type` of XDP programs.
+pub(super) const PROG_XDP: u32 = 6;
 /// `bpf_attach_type` of a tcx ingress link (Linux 6.6).
 pub(super) const ATTACH_TCX_INGRESS: u32 = 46;
+/// `bpf_attach_type` of an XDP link.
+pub(super) const ATTACH_XDP: u32 = 37;
+/// `XDP_FLAGS_DRV_MODE`: run in the driver, or not at all (no generic-mode fallback).
+pub(super) const XDP_DRIVER_MODE: u32 = 1 << 2;
 /// `BPF_ANY`: create or replace.
 const UPDATE_ANY: u64 = 0;
 
@@ -216,11 +222,13 @@ pub(super) fn link_create(
     program: &OwnedFd,
     ifindex: u32,
     attach_type: u32,
+    flags: u32,
 ) -> io::Result<OwnedFd> {
     let mut attr = Attr::new();
     attr.u32(0, program.as_raw_fd() as u32)
         .u32(4, ifindex)
-        .u32(8, attach_type);
+        .u32(8, attach_type)
+        .u32(12, flags);
     attr.call_fd(BPF_LINK_CREATE)
 }
 

@@ -1,10 +1,12 @@
 //! The kernel offload (`--offload`): an eBPF program at TC ingress of the interfaces that carry
 //! client and peer traffic relays the ChannelData of established channels without waking a
-//! shard (`offload.c` says what it does to a packet).
+//! shard, and with `xdp` an XDP program in the driver relays those it can send straight back out
+//! of the interface they arrived on, before the kernel builds a socket buffer, passing the rest
+//! to the TC program (`offload.c` says what each does to a packet).
 //!
-//! User space stays the authority. [`start`] loads the program once for the process (its maps
-//! shared by the shards) and attaches it with tcx links, which the kernel removes when the
-//! process exits, however it exits. Each shard keeps an [`OffloadTable`] of the entries of its
+//! User space stays the authority. [`start`] loads the programs once for the process (their
+//! maps shared by the shards) and attaches them with links (tcx, XDP), which the kernel removes
+//! when the process exits, however it exits. Each shard keeps an [`OffloadTable`] of the entries of its
 //! own allocations: it installs a channel's pair of entries when the engine reports a change on
 //! the allocation ([`crate::proto::Engine::poll_offload`]) and the channel is bound, its
 //! permission live and its peer admitted; it removes them when the allocation ends, and when a
@@ -41,6 +43,12 @@ const SCRATCH: usize = 2048;
 pub(crate) const COUNTER_SYNC: Duration = Duration::from_secs(1);
 
 /// `--offload`: which kernel offload to run.
+///
+/// `xdp` adds the XDP program on every interface whose driver runs XDP (not the loopback), the
+/// TC program staying on all of them for what XDP passes up. `auto` never picks XDP: attaching
+/// it makes many NIC drivers rebuild their rings (a link flap for every pod of a host-network
+/// node), and a veth sends XDP_TX frames only to a peer that runs XDP itself, which a pod can
+/// neither see nor set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OffloadMode {
     /// None (the default until it has run in the field).
@@ -48,7 +56,7 @@ pub enum OffloadMode {
     None,
     /// TC ingress (tcx links, Linux 6.6).
     Tc,
-    /// XDP.
+    /// XDP in the driver where it runs, TC for the rest.
     Xdp,
     /// TC if the kernel, the capabilities and the build allow it, else none.
     Auto,
@@ -83,14 +91,16 @@ impl std::str::FromStr for OffloadMode {
 /// What [`start`] chose and why, for the log and `/status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OffloadStatus {
-    /// What runs: `none` or `tc`.
+    /// What runs: `none`, `tc`, or `xdp` (with TC for what XDP passes up).
     pub running: &'static str,
     /// What was asked for.
     pub requested: OffloadMode,
     /// Why it runs or not, with the fix when it does not.
     pub reason: String,
-    /// The interfaces the program is attached to.
+    /// The interfaces the TC program is attached to.
     pub interfaces: Vec<String>,
+    /// The interfaces the XDP program runs on (in their drivers).
+    pub xdp_interfaces: Vec<String>,
 }
 
 /// The loaded program and its maps, shared by the shards; dropping the last handle detaches
@@ -101,6 +111,21 @@ pub struct Offload {
     _scratch: bpf::Map,
     program: OwnedFd,
     links: Vec<OwnedFd>,
+    /// The XDP program, or why the kernel refused it.
+    xdp_program: Result<OwnedFd, String>,
+    /// Interfaces with the XDP program: name, index, link.
+    xdp_links: std::sync::Mutex<Vec<XdpLink>>,
+    /// Whether any interface runs the XDP program (entries then carry MAC addresses).
+    xdp: std::sync::atomic::AtomicBool,
+}
+
+/// The XDP program on one interface, and the drops it has seen there.
+struct XdpLink {
+    name: String,
+    index: u32,
+    _link: OwnedFd,
+    /// The interface's `tx_dropped` when the program was attached or last checked.
+    tx_dropped: u64,
 }
 
 impl std::fmt::Debug for Offload {
@@ -157,37 +182,101 @@ impl Offload {
             ("chan_in", into.fd()),
             ("scratch", scratch.fd()),
         ]);
-        let program = object::program(elf, "tc", &maps).map_err(|e| e.to_string())?;
-        let program = bpf::load_program(
-            "uturn_offload",
-            bpf::PROG_SCHED_CLS,
-            &program.insns,
-            &program.license,
-        )
-        .map_err(|refused| {
-            if refused.log.is_empty() {
-                unavailable(&refused.error, "the kernel refused the BPF program")
-            } else {
-                format!(
-                    "the verifier refused the BPF program ({}): {}",
-                    refused.error,
-                    refused.log.replace('\n', " | ")
-                )
-            }
-        })?;
+        let load = |section: &str, name: &str, kind: u32| -> Result<OwnedFd, String> {
+            let program = object::program(elf, section, &maps).map_err(|e| e.to_string())?;
+            bpf::load_program(name, kind, &program.insns, &program.license).map_err(|refused| {
+                if refused.log.is_empty() {
+                    unavailable(
+                        &refused.error,
+                        &format!("the kernel refused the {section} program"),
+                    )
+                } else {
+                    format!(
+                        "the verifier refused the {section} program ({}): {}",
+                        refused.error,
+                        refused.log.replace('\n', " | ")
+                    )
+                }
+            })
+        };
+        let program = load("tc", "uturn_offload", bpf::PROG_SCHED_CLS)?;
+        let xdp_program = load("xdp", "uturn_xdp", bpf::PROG_XDP);
         Ok(Offload {
             out,
             into,
             _scratch: scratch,
             program,
             links: Vec::new(),
+            xdp_program,
+            xdp_links: std::sync::Mutex::new(Vec::new()),
+            xdp: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Runs the XDP program in the driver of interface `name`.
+    pub fn attach_xdp(&mut self, name: &str) -> Result<(), String> {
+        let program = self.xdp_program.as_ref().map_err(Clone::clone)?;
+        let index = ifindex(name).map_err(|e| format!("interface {name}: {e}"))?;
+        let link = bpf::link_create(program, index, bpf::ATTACH_XDP, bpf::XDP_DRIVER_MODE)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => {
+                    format!("no XDP on {name}: its driver does not run XDP programs ({e})")
+                }
+                _ => unavailable(&e, &format!("cannot attach XDP to {name}")),
+            })?;
+        let tx_dropped = tx_dropped(name);
+        self.xdp_links
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(XdpLink {
+                name: name.to_owned(),
+                index,
+                _link: link,
+                tx_dropped,
+            });
+        self.xdp.store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether any interface runs the XDP program.
+    pub fn xdp_running(&self) -> bool {
+        self.xdp.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The interfaces that run the XDP program.
+    pub fn xdp_interfaces(&self) -> Vec<String> {
+        let links = self.xdp_links.lock().unwrap_or_else(|e| e.into_inner());
+        links.iter().map(|l| l.name.clone()).collect()
+    }
+
+    /// Takes the XDP program off every interface whose transmit drops grew since the last
+    /// check (a veth whose peer has no NAPI drops every XDP_TX frame), logging why and the fix;
+    /// the TC program carries its traffic from then on. Called by one shard once a second.
+    pub(crate) fn check_xdp(&self) {
+        let mut links = self.xdp_links.lock().unwrap_or_else(|e| e.into_inner());
+        links.retain_mut(|link| {
+            let now = tx_dropped(&link.name);
+            let grew = now > link.tx_dropped;
+            link.tx_dropped = now;
+            if grew {
+                tracing::warn!(
+                    target: "stunnerd",
+                    "offload: XDP taken off {} (interface {}): it dropped frames the program sent back out                      (a veth needs NAPI on its other end: `ethtool -K <peer> gro on` there);                      TC relays its channels",
+                    link.name,
+                    link.index
+                );
+            }
+            !grew
+        });
+        if links.is_empty() {
+            self.xdp.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Attaches the program at TC ingress of interface `name`.
     pub fn attach(&mut self, name: &str) -> Result<(), String> {
         let index = ifindex(name).map_err(|e| format!("interface {name}: {e}"))?;
-        let link = bpf::link_create(&self.program, index, bpf::ATTACH_TCX_INGRESS).map_err(|e| {
+        let link = bpf::link_create(&self.program, index, bpf::ATTACH_TCX_INGRESS, 0).map_err(|e| {
             if e.raw_os_error() == Some(libc::EINVAL) {
                 format!("cannot attach to {name}: {e}; TC offload needs tcx links (Linux 6.6 or later)")
             } else {
@@ -204,20 +293,32 @@ impl Offload {
         bpf::test_run(&self.program, packet, repeat)
     }
 
+    /// Runs the XDP program `repeat` times on `packet`, as [`Offload::test_run`].
+    pub fn test_run_xdp(&self, packet: &[u8], repeat: u32) -> io::Result<TestRun> {
+        let program = self
+            .xdp_program
+            .as_ref()
+            .map_err(|e| io::Error::other(e.clone()))?;
+        bpf::test_run(program, packet, repeat)
+    }
+
     /// The program that only redirects every packet back out of its interface: the limit
     /// the offload's per-packet cost is measured against (`cargo bench --bench offload`).
     pub fn limit_program() -> Result<LimitProgram, String> {
+        Offload::limit("tc/limit", bpf::PROG_SCHED_CLS)
+    }
+
+    /// The XDP limit: a program that sends every frame straight back out (XDP_TX).
+    pub fn limit_program_xdp() -> Result<LimitProgram, String> {
+        Offload::limit("xdp/limit", bpf::PROG_XDP)
+    }
+
+    fn limit(section: &str, kind: u32) -> Result<LimitProgram, String> {
         let elf = OBJECT.ok_or("this build has no BPF program")?;
-        let program =
-            object::program(elf, "tc/limit", &HashMap::new()).map_err(|e| e.to_string())?;
-        bpf::load_program(
-            "uturn_limit",
-            bpf::PROG_SCHED_CLS,
-            &program.insns,
-            &program.license,
-        )
-        .map(LimitProgram)
-        .map_err(|refused| unavailable(&refused.error, "the kernel refused the BPF program"))
+        let program = object::program(elf, section, &HashMap::new()).map_err(|e| e.to_string())?;
+        bpf::load_program("uturn_limit", kind, &program.insns, &program.license)
+            .map(LimitProgram)
+            .map_err(|refused| unavailable(&refused.error, "the kernel refused the BPF program"))
     }
 
     /// Installs a channel by hand (benchmarks and tests of the program itself; the shards
@@ -264,6 +365,55 @@ pub fn default_interfaces() -> Vec<String> {
     names
 }
 
+/// Whether interface `name` is the loopback.
+fn is_loopback(name: &str) -> bool {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/type")).is_ok_and(|t| t.trim() == "772")
+}
+
+/// Interface `name`'s transmit drops (`/sys/class/net/NAME/statistics/tx_dropped`; a veth
+/// counts there the XDP_TX frames its peer could not take).
+fn tx_dropped(name: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/statistics/tx_dropped"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Interface `name`'s MAC address.
+fn mac_of(name: &str) -> Option<[u8; 6]> {
+    parse_mac(
+        std::fs::read_to_string(format!("/sys/class/net/{name}/address"))
+            .ok()?
+            .trim(),
+    )
+}
+
+fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        *byte = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+/// The MAC address of neighbour `ip` on interface `name`, if the neighbour table has it
+/// complete (`/proc/net/arp`).
+fn neighbour_mac(ip: Ipv4Addr, name: &str) -> Option<[u8; 6]> {
+    let table = std::fs::read_to_string("/proc/net/arp").ok()?;
+    let ip = ip.to_string();
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let complete = f
+            .get(2)
+            .and_then(|flags| u32::from_str_radix(flags.trim_start_matches("0x"), 16).ok())
+            .is_some_and(|flags| flags & 0x2 != 0);
+        (f.first() == Some(&ip.as_str()) && f.get(5) == Some(&name) && complete)
+            .then(|| f.get(3).and_then(|mac| parse_mac(mac)))
+            .flatten()
+    })
+}
+
 fn ifindex(name: &str) -> io::Result<u32> {
     let name =
         std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
@@ -278,56 +428,86 @@ fn ifindex(name: &str) -> io::Result<u32> {
 /// one line saying what runs and, if nothing does, why and how to fix it. Never fails: without
 /// an offload the shards relay everything, as with `none`.
 pub fn start(mode: OffloadMode, interfaces: &[String]) -> (Option<Arc<Offload>>, OffloadStatus) {
-    let status = |running, reason: String, interfaces| OffloadStatus {
+    let status = |running, reason: String, interfaces, xdp_interfaces| OffloadStatus {
         running,
         requested: mode,
         reason,
         interfaces,
+        xdp_interfaces,
     };
-    let outcome = match mode {
-        OffloadMode::None => Err("--offload none (the default)".to_owned()),
-        OffloadMode::Xdp => Err("XDP offload is not built yet: use --offload tc".to_owned()),
-        OffloadMode::Tc | OffloadMode::Auto => {
-            let names = if interfaces.is_empty() {
-                default_interfaces()
-            } else {
-                interfaces.to_vec()
-            };
-            Offload::load().and_then(|mut offload| {
-                let mut attached = Vec::new();
-                let mut errors = Vec::new();
-                for name in &names {
-                    match offload.attach(name) {
-                        Ok(()) => attached.push(name.clone()),
-                        Err(e) => errors.push(e),
-                    }
-                }
-                if attached.is_empty() {
-                    Err(errors
-                        .into_iter()
-                        .next()
-                        .unwrap_or_else(|| "no interface to attach to".to_owned()))
-                } else {
-                    for e in &errors {
-                        tracing::warn!(target: "stunnerd", "offload: {e}");
-                    }
-                    Ok((offload, attached))
-                }
-            })
+    if mode == OffloadMode::None {
+        let reason = "--offload none (the default)".to_owned();
+        tracing::info!(
+            target: "stunnerd",
+            "offload: none ({reason}; --offload tc or xdp relays channels in the kernel)"
+        );
+        return (None, status("none", reason, Vec::new(), Vec::new()));
+    }
+    let names = if interfaces.is_empty() {
+        default_interfaces()
+    } else {
+        interfaces.to_vec()
+    };
+    let outcome = Offload::load().and_then(|mut offload| {
+        let mut attached = Vec::new();
+        let mut errors = Vec::new();
+        for name in &names {
+            match offload.attach(name) {
+                Ok(()) => attached.push(name.clone()),
+                Err(e) => errors.push(e),
+            }
         }
-    };
+        if attached.is_empty() {
+            return Err(errors
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| "no interface to attach to".to_owned()));
+        }
+        for e in &errors {
+            tracing::warn!(target: "stunnerd", "offload: {e}");
+        }
+        // XDP where the driver runs it: every interface but the loopback.
+        let mut xdp_skipped = Vec::new();
+        if mode == OffloadMode::Xdp {
+            for name in attached.iter().filter(|name| !is_loopback(name)) {
+                if let Err(e) = offload.attach_xdp(name) {
+                    xdp_skipped.push(e);
+                }
+            }
+        }
+        Ok((offload, attached, xdp_skipped))
+    });
     match outcome {
-        Ok((offload, attached)) => {
-            let reason = format!("TC ingress program attached to {}", attached.join(", "));
-            tracing::info!(target: "stunnerd", "offload: tc ({reason})");
-            (Some(Arc::new(offload)), status("tc", reason, attached))
+        Ok((offload, attached, xdp_skipped)) => {
+            let xdp = offload.xdp_interfaces();
+            let mut reason = format!("TC ingress program attached to {}", attached.join(", "));
+            if !xdp.is_empty() {
+                reason = format!(
+                    "XDP program in the driver of {}, passing the rest to the {reason}",
+                    xdp.join(", ")
+                );
+            }
+            let running = if xdp.is_empty() { "tc" } else { "xdp" };
+            if mode == OffloadMode::Xdp && xdp.is_empty() {
+                let why = xdp_skipped
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| "no interface but the loopback".to_owned());
+                reason = format!("{reason}; XDP runs nowhere: {why}");
+                tracing::warn!(target: "stunnerd", "offload: tc ({reason})");
+            } else {
+                for e in &xdp_skipped {
+                    tracing::info!(target: "stunnerd", "offload: {e}");
+                }
+                tracing::info!(target: "stunnerd", "offload: {running} ({reason})");
+            }
+            (
+                Some(Arc::new(offload)),
+                status(running, reason, attached, xdp),
+            )
         }
         Err(reason) => {
             match mode {
-                OffloadMode::None => tracing::info!(
-                    target: "stunnerd",
-                    "offload: none ({reason}; --offload tc relays channels in the kernel)"
-                ),
                 OffloadMode::Auto => tracing::info!(
                     target: "stunnerd",
                     "offload: none (auto: {reason}); relaying in user space"
@@ -338,18 +518,18 @@ pub fn start(mode: OffloadMode, interfaces: &[String]) -> (Option<Arc<Offload>>,
                     mode.name()
                 ),
             }
-            (None, status("none", reason, Vec::new()))
+            (None, status("none", reason, Vec::new(), Vec::new()))
         }
     }
 }
 
 const OUT_KEY: usize = 12;
-const OUT_VALUE: usize = 48;
+const OUT_VALUE: usize = 64;
 const IN_KEY: usize = 8;
-const IN_VALUE: usize = 56;
+const IN_VALUE: usize = 72;
 /// Where the counters (packets, bytes, last seen) start in each value.
-const OUT_COUNTERS: usize = 24;
-const IN_COUNTERS: usize = 32;
+const OUT_COUNTERS: usize = 40;
+const IN_COUNTERS: usize = 48;
 
 /// One channel as the program sees it: both directions' addresses, where each leaves, and
 /// when the entry ends (CLOCK_MONOTONIC nanoseconds).
@@ -369,6 +549,10 @@ pub struct EntrySpec {
     pub peer_ifindex: u32,
     /// Where the client is reached (0: this host).
     pub client_ifindex: u32,
+    /// The Ethernet destination and source toward the peer, if known: XDP sends only those.
+    pub peer_macs: Option<[u8; 12]>,
+    /// The same toward the client.
+    pub client_macs: Option<[u8; 12]>,
     /// When the program stops relaying the channel.
     pub expires_ns: u64,
 }
@@ -390,7 +574,11 @@ impl EntrySpec {
         v[8..10].copy_from_slice(&self.relay.port().to_be_bytes());
         v[10..12].copy_from_slice(&self.peer.port().to_be_bytes());
         v[12..16].copy_from_slice(&self.peer_ifindex.to_ne_bytes());
-        v[16..24].copy_from_slice(&self.expires_ns.to_ne_bytes());
+        if let Some(macs) = self.peer_macs {
+            v[16..28].copy_from_slice(&macs);
+            v[28] = 1;
+        }
+        v[32..40].copy_from_slice(&self.expires_ns.to_ne_bytes());
         v
     }
 
@@ -410,7 +598,11 @@ impl EntrySpec {
         v[10..12].copy_from_slice(&self.client.port().to_be_bytes());
         v[12..14].copy_from_slice(&self.channel.to_be_bytes());
         v[16..20].copy_from_slice(&self.client_ifindex.to_ne_bytes());
-        v[24..32].copy_from_slice(&self.expires_ns.to_ne_bytes());
+        if let Some(macs) = self.client_macs {
+            v[20..32].copy_from_slice(&macs);
+            v[32] = 1;
+        }
+        v[40..48].copy_from_slice(&self.expires_ns.to_ne_bytes());
         v
     }
 }
@@ -470,11 +662,13 @@ struct Installed {
 }
 
 /// How this host reaches an address: the source it sends from, whether the address is its own,
-/// the interface (0: its own), and when that was found.
+/// the interface (0: its own), the Ethernet destination and source there (if the neighbour
+/// table has the next hop), and when that was found.
 #[derive(Clone, Copy)]
 struct Route {
     source: Ipv4Addr,
     ifindex: u32,
+    macs: Option<[u8; 12]>,
     found: Instant,
 }
 
@@ -518,34 +712,56 @@ fn route_to(to: Ipv4Addr, now: Instant) -> Option<Route> {
         return None;
     };
     let local = to.is_loopback() || UdpSocket::bind((to, 0)).is_ok();
-    let ifindex = if local { 0 } else { interface_to(to)? };
+    let (ifindex, macs) = if local {
+        (0, None)
+    } else {
+        let (name, gateway) = interface_to(to)?;
+        let next_hop = gateway.unwrap_or(to);
+        let macs = neighbour_mac(next_hop, &name)
+            .zip(mac_of(&name))
+            .map(|(dst, src)| {
+                let mut macs = [0u8; 12];
+                macs[..6].copy_from_slice(&dst);
+                macs[6..].copy_from_slice(&src);
+                macs
+            });
+        (ifindex(&name).ok()?, macs)
+    };
     Some(Route {
         source,
         ifindex,
+        macs,
         found: now,
     })
 }
 
 /// The interface this host routes `to` through, by the main table's longest prefix
-/// (`/proc/net/route`).
-fn interface_to(to: Ipv4Addr) -> Option<u32> {
+/// (`/proc/net/route`), and the gateway if the route has one.
+fn interface_to(to: Ipv4Addr) -> Option<(String, Option<Ipv4Addr>)> {
     let table = std::fs::read_to_string("/proc/net/route").ok()?;
     let to = u32::from_ne_bytes(to.octets());
-    let mut best: Option<(u32, &str)> = None;
+    let mut best: Option<(u32, &str, u32)> = None;
     for line in table.lines().skip(1) {
         let f: Vec<&str> = line.split_whitespace().collect();
-        let (Some(name), Some(dest), Some(mask)) = (f.first(), f.get(1), f.get(7)) else {
-            continue;
-        };
-        let (Ok(dest), Ok(mask)) = (u32::from_str_radix(dest, 16), u32::from_str_radix(mask, 16))
+        let (Some(name), Some(dest), Some(gateway), Some(mask)) =
+            (f.first(), f.get(1), f.get(2), f.get(7))
         else {
             continue;
         };
-        if to & mask == dest && best.is_none_or(|(m, _)| mask.count_ones() > m.count_ones()) {
-            best = Some((mask, name));
+        let (Ok(dest), Ok(gateway), Ok(mask)) = (
+            u32::from_str_radix(dest, 16),
+            u32::from_str_radix(gateway, 16),
+            u32::from_str_radix(mask, 16),
+        ) else {
+            continue;
+        };
+        if to & mask == dest && best.is_none_or(|(m, _, _)| mask.count_ones() > m.count_ones()) {
+            best = Some((mask, name, gateway));
         }
     }
-    ifindex(best?.1).ok()
+    let (_, name, gateway) = best?;
+    let gateway = (gateway != 0).then(|| Ipv4Addr::from(gateway.to_ne_bytes()));
+    Some((name.to_owned(), gateway))
 }
 
 /// An entry pair's values as the kernel has them (client → peer, peer → client).
@@ -627,6 +843,8 @@ impl OffloadTable {
             peer,
             peer_ifindex: toward_peer.ifindex,
             client_ifindex: toward_client.ifindex,
+            peer_macs: toward_peer.macs,
+            client_macs: toward_client.macs,
             expires_ns: self.ns(channel.expires_at),
         })
     }
@@ -662,7 +880,11 @@ impl OffloadTable {
                     let later = spec.expires_ns >= entry.spec.expires_ns;
                     let near = self.ns(now + EXTEND_AT_SYNC) >= entry.spec.expires_ns;
                     if spec.expires_ns != entry.spec.expires_ns && (!later || near) {
-                        self.rewrite(&mut entry, spec.expires_ns, deltas);
+                        let spec = EntrySpec {
+                            expires_ns: spec.expires_ns,
+                            ..entry.spec
+                        };
+                        self.rewrite(&mut entry, spec, deltas);
                     }
                     entry
                 }
@@ -691,17 +913,14 @@ impl OffloadTable {
         }
     }
 
-    /// Gives `entry` a new end in the kernel, keeping its counters there (what the program
-    /// counts between the read and the write is lost: microseconds).
-    fn rewrite(&self, entry: &mut Installed, expires_ns: u64, deltas: &mut Vec<Delta>) {
+    /// Gives `entry` a new end or new MAC addresses (`spec`, same keys) in the kernel, keeping
+    /// its counters there (what the program counts between the read and the write is lost:
+    /// microseconds).
+    fn rewrite(&self, entry: &mut Installed, spec: EntrySpec, deltas: &mut Vec<Delta>) {
         let kernel = self.values(&entry.spec);
         if let Some(delta) = account(entry, &kernel) {
             deltas.push(delta);
         }
-        let spec = EntrySpec {
-            expires_ns,
-            ..entry.spec
-        };
         let mut out = spec.out_value();
         let mut into = spec.in_value();
         if let Some(kernel) = kernel.0 {
@@ -762,14 +981,26 @@ impl OffloadTable {
     /// Reads every entry's counters and writes the extensions that waited: the allocations
     /// with an entry that ended by `now` (the program stopped relaying it at its end already),
     /// to check again.
+    /// With XDP running, an entry still missing the MAC addresses of a next hop gets them once
+    /// the neighbour table has them (routes are looked up again every [`ROUTE_TTL`]).
     pub(crate) fn sync(&mut self, now: Instant, deltas: &mut Vec<Delta>) -> Vec<RelayId> {
         let mut ended = Vec::new();
+        let xdp = self.offload.xdp_running();
+        if xdp {
+            self.offload.check_xdp();
+        }
         let mut by_relay = std::mem::take(&mut self.by_relay);
         for (relay, entries) in &mut by_relay {
             for entry in entries.iter_mut() {
-                let engine_ns = self.ns(entry.expires_at);
-                if engine_ns > entry.spec.expires_ns {
-                    self.rewrite(entry, engine_ns, deltas);
+                let mut spec = EntrySpec {
+                    expires_ns: self.ns(entry.expires_at).max(entry.spec.expires_ns),
+                    ..entry.spec
+                };
+                if xdp {
+                    self.learn_macs(&mut spec, now);
+                }
+                if spec != entry.spec {
+                    self.rewrite(entry, spec, deltas);
                 } else if let Some(delta) = self.read(entry) {
                     deltas.push(delta);
                 }
@@ -780,6 +1011,17 @@ impl OffloadTable {
         }
         self.by_relay = by_relay;
         ended
+    }
+
+    /// Fills in the MAC addresses `spec` lacks toward a next hop, if the neighbour table has
+    /// them now.
+    fn learn_macs(&mut self, spec: &mut EntrySpec, now: Instant) {
+        if spec.peer_ifindex != 0 && spec.peer_macs.is_none() {
+            spec.peer_macs = self.route(*spec.peer.ip(), now).and_then(|r| r.macs);
+        }
+        if spec.client_ifindex != 0 && spec.client_macs.is_none() {
+            spec.client_macs = self.route(*spec.client.ip(), now).and_then(|r| r.macs);
+        }
     }
 
     /// Channels installed.

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR GPL-2.0
 //
-// uturn's ChannelData offload: a TC ingress program that relays the ChannelData of channels the
-// engine bound, without waking the process (issue 20, `--offload tc`).
+// uturn's ChannelData offload: a TC ingress program and an XDP program that relay the
+// ChannelData of channels the engine bound, without waking the process (issue 20, `--offload`).
 //
 // client -> peer: a UDP datagram to a listener port whose payload is ChannelData of a channel in
 //   `chan_out` loses its 4-byte header and leaves from the relay address to the peer.
@@ -14,10 +14,18 @@
 // admitted, with the instant (CLOCK_MONOTONIC ns) at which the channel, its permission or its
 // allocation ends, and removes it when any of them ends or the peer is no longer admitted.
 //
-// The UDP header stays where it is and the payload moves by 4 bytes (through a per-CPU scratch
+// TC: the UDP header stays where it is and the payload moves by 4 bytes (through a per-CPU scratch
 // buffer), so an skb whose checksum the device completes later (CHECKSUM_PARTIAL: loopback, veth)
 // keeps a valid checksum start. Checksums are updated incrementally: the pseudo header's part
 // with BPF_F_PSEUDO_HDR (the only part a partial checksum holds), the rest without it.
+//
+// XDP (native mode only, where the driver runs it): the same lookups, for entries that user space
+// marked as sendable from XDP (it knows the next hop's and the interface's MAC addresses) and
+// whose packets leave by the interface they arrived on; they go back out with XDP_TX. The
+// headers move by 4 bytes (bpf_xdp_adjust_head) and are written whole, the UDP checksum computed
+// over the whole datagram (an XDP frame does not say whether its checksum is complete or only the
+// pseudo header's, as a veth's partial checksums are). Everything else is XDP_PASS: the TC
+// program, attached too, handles it as above.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -44,6 +52,9 @@ struct out_value {
 	__u16 relay_port;
 	__u16 peer_port;
 	__u32 ifindex; // where the peer is reached; 0: this host
+	__u8 macs[12]; // the Ethernet destination and source toward the peer (XDP)
+	__u8 xdp; // 1: `macs` are known, XDP may send it
+	__u8 pad[3];
 	__u64 expires_ns;
 	__u64 packets;
 	__u64 bytes; // payload bytes
@@ -64,7 +75,9 @@ struct in_value {
 	__u16 channel; // as on the wire
 	__u16 pad;
 	__u32 ifindex; // where the client is reached; 0: this host
-	__u32 pad2;
+	__u8 macs[12]; // the Ethernet destination and source toward the client (XDP)
+	__u8 xdp; // 1: `macs` are known, XDP may send it
+	__u8 pad2[7];
 	__u64 expires_ns;
 	__u64 packets;
 	__u64 bytes; // payload bytes
@@ -72,9 +85,9 @@ struct in_value {
 };
 
 _Static_assert(sizeof(struct out_key) == 12, "out_key layout");
-_Static_assert(sizeof(struct out_value) == 48, "out_value layout");
+_Static_assert(sizeof(struct out_value) == 64, "out_value layout");
 _Static_assert(sizeof(struct in_key) == 8, "in_key layout");
-_Static_assert(sizeof(struct in_value) == 56, "in_value layout");
+_Static_assert(sizeof(struct in_value) == 72, "in_value layout");
 
 // The largest payload moved in the kernel; bigger ones go up to user space.
 #define SCRATCH 2048
@@ -291,6 +304,208 @@ int uturn_offload(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	count(&v->packets, &v->bytes, &v->last_ns, payload, now);
 	return forward(skb, ifindex);
+}
+
+
+// ---- XDP ----
+
+// Bytes of the datagram summed per bpf_csum_diff call (its limit).
+#define CSUM_CHUNK 512
+
+// `n` (checked to be 1 or more) in a form the verifier reads as at least 1: clang merges
+// `n == 0 || n > max` into one unsigned comparison, which gives the verifier no lower bound.
+static __always_inline __u32 at_least_one(__u32 n)
+{
+	asm volatile("" : "+r"(n));
+	return ((n - 1) & (SCRATCH - 1)) + 1;
+}
+
+static __always_inline __u16 fold(__u64 sum)
+{
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+// The one's complement sum of `buf[0..len]` (`len` a multiple of 4, at most SCRATCH), or -1.
+static __always_inline __s64 sum_scratch(__u8 *buf, __u32 len)
+{
+	__u64 sum = 0;
+#pragma unroll
+	for (int i = 0; i < SCRATCH / CSUM_CHUNK; i++) {
+		__u32 at = i * CSUM_CHUNK;
+		if (at >= len)
+			break;
+		__u32 chunk = len - at;
+		if (chunk > CSUM_CHUNK)
+			chunk = CSUM_CHUNK;
+		__s64 part = bpf_csum_diff(NULL, 0, (__be32 *)(buf + at), chunk, 0);
+		if (part < 0)
+			return -1;
+		sum += (__u32)part;
+	}
+	return sum;
+}
+
+// Copies `n` bytes of the frame from offset `from` to `buf + at` (`at`: 0 or 4) and returns the
+// one's complement sum of `buf[0..at + n]`, or -1 (`n` 0 or too big for the buffer).
+static __always_inline __s64 load_and_sum(struct xdp_md *ctx, __u32 from, __u8 *buf, __u32 at,
+					  __u32 n)
+{
+	if (n == 0 || n > SCRATCH - 8)
+		return -1;
+	n = at_least_one(n);
+	if (n > SCRATCH - 8)
+		return -1;
+	if (bpf_xdp_load_bytes(ctx, from, buf + at, n) < 0)
+		return -1;
+	// Zero padding to a multiple of 4 bytes sums as RFC 768's padding of an odd last byte.
+	__u32 len = at + n;
+	buf[len] = 0;
+	buf[len + 1] = 0;
+	buf[len + 2] = 0;
+	return sum_scratch(buf, (len + 3) & ~3u);
+}
+
+// Writes Ethernet, IPv4 and UDP headers at `data` (checked to hold them) for a datagram of
+// `payload` bytes whose one's complement sum is `payload_sum`, from `saddr:sport` to
+// `daddr:dport`; `old` is the arriving IPv4 header (its other fields are kept).
+static __always_inline int write_headers(void *data, void *end, const __u8 *macs,
+					 struct iphdr *old, __u32 saddr, __u32 daddr,
+					 __u16 sport, __u16 dport, __u32 payload,
+					 __u64 payload_sum)
+{
+	if (data + PAYLOAD_OFF > end)
+		return -1;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_LEN;
+	struct udphdr *udp = data + UDP_OFF;
+	struct iphdr iph = *old;
+	iph.tot_len = bpf_htons(IP_LEN + 8 + payload);
+	iph.saddr = saddr;
+	iph.daddr = daddr;
+	iph.check = 0;
+	__s64 ipsum = bpf_csum_diff(NULL, 0, (__be32 *)&iph, sizeof(iph), 0);
+	if (ipsum < 0)
+		return -1;
+	iph.check = fold((__u32)ipsum);
+	struct udphdr uh = {
+		.source = sport,
+		.dest = dport,
+		.len = bpf_htons(8 + payload),
+		.check = 0,
+	};
+	// Pseudo header (source, destination, protocol, UDP length) and the UDP header.
+	__u32 words[5] = {saddr, daddr, bpf_htonl(((__u32)IPPROTO_UDP << 16) | (8 + payload)), 0, 0};
+	__builtin_memcpy(&words[3], &uh, 8);
+	__s64 head = bpf_csum_diff(NULL, 0, (__be32 *)words, sizeof(words), 0);
+	if (head < 0)
+		return -1;
+	__u16 check = fold(payload_sum + (__u32)head);
+	uh.check = check ? check : 0xffff;
+	__builtin_memcpy(eth->h_dest, macs, 12);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+	*ip = iph;
+	*udp = uh;
+	return 0;
+}
+
+SEC("xdp")
+int uturn_offload_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	if (data + PAYLOAD_OFF + 4 > end)
+		return XDP_PASS;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_LEN;
+	struct udphdr *udp = data + UDP_OFF;
+	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5 || ip->protocol != IPPROTO_UDP ||
+	    (ip->frag_off & bpf_htons(0x3fff)))
+		return XDP_PASS;
+	__u16 tot_len = bpf_ntohs(ip->tot_len);
+	__u16 udp_len = bpf_ntohs(udp->len);
+	if (tot_len != IP_LEN + udp_len || udp_len < 8 + 4)
+		return XDP_PASS;
+	// The frame is exactly the datagram, in one buffer (no padding, no fragments).
+	void *last = data + ETH_LEN + tot_len;
+	if (last > end || last < end)
+		return XDP_PASS;
+	__u32 payload = udp_len - 8;
+	__u32 word = *(__u32 *)(data + PAYLOAD_OFF);
+	struct iphdr old = *ip;
+	__u64 now = bpf_ktime_get_ns();
+	__u32 zero = 0;
+	__u8 *buf = bpf_map_lookup_elem(&scratch, &zero);
+	if (!buf || payload > SCRATCH - 8)
+		return XDP_PASS;
+
+	// client -> peer
+	__u16 channel = bpf_ntohs(word & 0xffff);
+	__u16 length = bpf_ntohs(word >> 16);
+	if ((channel & 0xc000) == 0x4000 && length + 4 == payload) {
+		struct out_key key = {
+			.client_ip = old.saddr,
+			.client_port = udp->source,
+			.listener_port = udp->dest,
+			.channel = word & 0xffff,
+		};
+		struct out_value *v = bpf_map_lookup_elem(&chan_out, &key);
+		if (v) {
+			if (now >= v->expires_ns || !v->xdp || v->ifindex != ctx->ingress_ifindex)
+				return XDP_PASS;
+			__u32 n = length;
+			__s64 sum = load_and_sum(ctx, PAYLOAD_OFF + 4, buf, 0, n);
+			if (sum < 0)
+				return XDP_PASS;
+			__u8 macs[12];
+			__builtin_memcpy(macs, v->macs, 12);
+			if (write_headers(data + 4, end, macs, &old, v->relay_ip, v->peer_ip,
+					  v->relay_port, v->peer_port, n, sum) < 0)
+				return XDP_PASS;
+			if (bpf_xdp_adjust_head(ctx, 4) < 0)
+				return XDP_DROP;
+			count(&v->packets, &v->bytes, &v->last_ns, n, now);
+			return XDP_TX;
+		}
+	}
+
+	// peer -> client
+	struct in_key key = {.peer_ip = old.saddr, .peer_port = udp->source, .relay_port = udp->dest};
+	struct in_value *v = bpf_map_lookup_elem(&chan_in, &key);
+	if (!v || now >= v->expires_ns || !v->xdp || v->ifindex != ctx->ingress_ifindex)
+		return XDP_PASS;
+	__u32 n = payload;
+	__u32 header = (__u32)v->channel | ((__u32)bpf_htons(payload) << 16);
+	*(__u32 *)buf = header;
+	__s64 sum = load_and_sum(ctx, PAYLOAD_OFF, buf, 4, n);
+	if (sum < 0)
+		return XDP_PASS;
+	__u8 macs[12];
+	__builtin_memcpy(macs, v->macs, 12);
+	__u32 listener_ip = v->listener_ip, client_ip = v->client_ip;
+	__u16 listener_port = v->listener_port, client_port = v->client_port;
+	count(&v->packets, &v->bytes, &v->last_ns, n, now);
+	if (bpf_xdp_adjust_head(ctx, -4) < 0)
+		return XDP_PASS;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	if (data + PAYLOAD_OFF + 4 > end)
+		return XDP_DROP;
+	if (write_headers(data, end, macs, &old, listener_ip, client_ip, listener_port,
+			  client_port, n + 4, sum) < 0)
+		return XDP_DROP;
+	*(__u32 *)(data + PAYLOAD_OFF) = header;
+	return XDP_TX;
+}
+
+// The XDP limit: every frame straight back out where it came from.
+SEC("xdp/limit")
+int uturn_limit_xdp(struct xdp_md *ctx)
+{
+	return XDP_TX;
 }
 
 char _license[] SEC("license") = "Dual MIT/GPL";
