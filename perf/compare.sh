@@ -44,9 +44,11 @@
 #
 # Columns: delivered pkt/s, loss %, p99 µs (one-way), server CPU µs/pkt (the server process's
 # user + system time per relayed packet), wakeups/pkt (the server's context switches, all
-# threads, per relayed packet), machine µs/pkt (the whole machine's busy CPU time, from
-# /proc/stat, per relayed packet: load generator, server, kernel and whatever else runs; on a
-# shared machine, noisy), softirq µs/pkt (its softirq part), busy CPUs (machine CPUs busy on
+# threads, per relayed packet), machine µs/pkt (the whole machine's busy CPU time per relayed
+# packet: the run's wall time on every CPU less their idle time from /proc/stat, which a
+# tickless kernel measures exactly, so the softirq work of an otherwise idle CPU counts too;
+# load generator, server, kernel and whatever else runs; on a shared machine, noisy),
+# softirq µs/pkt (its softirq part as sampled at ticks: a lower bound), busy CPUs (machine CPUs busy on
 # average), relay machine µs/pkt (machine µs/pkt minus the direct run's in the same cell and
 # fraction), and ratios against coturn. Results: OUT/results.jsonl (matrix),
 # OUT/fractions.jsonl (FRACTIONS: rows carry "fraction" and "coturn_max"), OUT/latency.jsonl.

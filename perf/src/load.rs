@@ -277,14 +277,18 @@ pub struct Report {
     /// The server's context switches (voluntary and not, all its threads) per relayed
     /// datagram (with a server pid).
     pub server_wakeups_per_packet: Option<f64>,
-    /// The whole machine's busy CPUs, on average over the run (user, nice, system, irq,
-    /// softirq and steal time from /proc/stat, over the wall time): load generator, server
-    /// and everything else running.
+    /// The whole machine's busy CPUs, on average over the run: the wall time times the CPUs
+    /// less their idle and iowait time (/proc/stat, whose idle time a tickless kernel measures
+    /// exactly): load generator, server, softirq and everything else running. (The busy
+    /// fields themselves are sampled at ticks, which a tickless idle CPU does not take: the
+    /// softirq work of an otherwise idle CPU, where a kernel offload relays, hardly shows
+    /// there.)
     pub machine_busy_cpus: Option<f64>,
     /// The whole machine's busy CPU time per relayed datagram, µs.
     pub machine_us_per_packet: Option<f64>,
     /// The machine's softirq time (the kernel's network receive path, mostly) per relayed
-    /// datagram, µs; part of `machine_us_per_packet`.
+    /// datagram, µs, as sampled at ticks (a lower bound: see `machine_busy_cpus`); part of
+    /// `machine_us_per_packet`.
     pub machine_softirq_us_per_packet: Option<f64>,
 }
 
@@ -385,12 +389,17 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 /// aggregate `cpu` line.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MachineCpu {
-    /// user + nice + system + irq + softirq + steal (guest time is inside user already).
+    /// user + nice + system + irq + softirq + steal (guest time is inside user already), as
+    /// sampled at ticks.
     pub busy: f64,
-    /// softirq alone.
+    /// softirq alone, as sampled at ticks.
     pub softirq: f64,
     /// busy + idle + iowait.
     pub total: f64,
+    /// idle + iowait: measured exactly by a tickless kernel (`get_cpu_idle_time_us`).
+    pub idle: f64,
+    /// The CPUs (`cpuN` lines).
+    pub cpus: usize,
 }
 
 impl MachineCpu {
@@ -411,10 +420,16 @@ impl MachineCpu {
         // user nice system idle iowait irq softirq steal guest guest_nice
         let busy = field(0) + field(1) + field(2) + field(5) + field(6) + field(7);
         let ticks = clock_ticks();
+        let cpus = stat
+            .lines()
+            .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+            .count();
         (jiffies.len() >= 4).then(|| MachineCpu {
             busy: busy / ticks,
             softirq: field(6) / ticks,
             total: (busy + field(3) + field(4)) / ticks,
+            idle: (field(3) + field(4)) / ticks,
+            cpus: cpus.max(1),
         })
     }
 }
@@ -637,15 +652,19 @@ impl Setup {
             (Some(before), Some(after)) => Some(after.saturating_sub(before) as f64),
             _ => None,
         };
-        let machine = match (machine_before, MachineCpu::now()) {
+        let machine_after = MachineCpu::now();
+        let window = window.elapsed().as_secs_f64();
+        let machine = match (machine_before, machine_after) {
+            // Busy: the wall time on every CPU less the (exactly measured) idle time.
             (Some(before), Some(after)) => Some(MachineCpu {
-                busy: after.busy - before.busy,
+                busy: (window * after.cpus as f64 - (after.idle - before.idle)).max(0.0),
                 softirq: after.softirq - before.softirq,
-                total: after.total - before.total,
+                total: window * after.cpus as f64,
+                idle: after.idle - before.idle,
+                cpus: after.cpus,
             }),
             _ => None,
         };
-        let window = window.elapsed().as_secs_f64();
         let report_of = |sent: &AtomicU64, rx: &Received| {
             let sent = sent.load(Ordering::Relaxed);
             let delivered = rx.packets.load(Ordering::Relaxed);
@@ -883,13 +902,16 @@ mod tests {
 
     #[test]
     fn machine_cpu_reads_the_aggregate_line() {
-        let stat = "cpu  100 10 50 1000 20 5 15 2 7 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n";
+        let stat = "cpu  100 10 50 1000 20 5 15 2 7 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n\
+                    cpu1 1 2 3 4 5 6 7 8 9 10\nintr 5\n";
         let m = MachineCpu::parse(stat).unwrap();
         let ticks = clock_ticks();
         let close = |seconds: f64, jiffies: f64| (seconds * ticks - jiffies).abs() < 1e-6;
         assert!(close(m.busy, 182.0), "{m:?}");
         assert!(close(m.softirq, 15.0), "{m:?}");
         assert!(close(m.total, 1202.0), "{m:?}");
+        assert!(close(m.idle, 1020.0), "{m:?}");
+        assert_eq!(m.cpus, 2);
         assert_eq!(MachineCpu::parse("intr 1 2 3\n"), None);
         assert!(MachineCpu::now().is_some_and(|m| m.busy > 0.0 && m.total >= m.busy));
         assert!(context_switches(std::process::id()).is_some_and(|n| n > 0));
