@@ -80,6 +80,7 @@ if [ "$TRANSPORT" = udp ] && [ -z "${SERVERS_SET:-}" ] && { [ "$RATE" != 0 ] || 
 fi
 OUT=${OUT:-target/compare}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: the servers' config paths are built from it
 results="$OUT/results.jsonl"
 : > "$results"
 
@@ -164,7 +165,7 @@ listeners: [{name: $TRANSPORT, protocol: TURN-${TRANSPORT^^}, address: 127.0.0.1
 clusters: [{name: peers, endpoints: [127.0.0.1]}]
 EOF
       UTURN_SHARDS=$threads "${server_cpu[@]}" target/release/stunnerd -u "$threads" \
-        --io-engine "$engine" --offload "$offload" -c "file://$PWD/$OUT/uturn.yaml" > "$OUT/server.log" 2>&1 &
+        --io-engine "$engine" --offload "$offload" -c "file://$OUT/uturn.yaml" > "$OUT/server.log" 2>&1 &
       ;;
     coturn)
       "${server_cpu[@]}" turnserver -n --listening-ip=127.0.0.1 --listening-port="$port" --relay-ip=127.0.0.1 \

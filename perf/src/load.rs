@@ -284,6 +284,10 @@ pub struct Report {
     /// softirq work of an otherwise idle CPU, where a kernel offload relays, hardly shows
     /// there.)
     pub machine_busy_cpus: Option<f64>,
+    /// Each CPU's busy fraction over the run (wall time less idle, as `machine_busy_cpus`), in
+    /// CPU order: where the work landed (with RPS steering loopback's softirq to the server's
+    /// CPU, that CPU's share is the relay's whole cost there).
+    pub cpu_busy: Option<Vec<f64>>,
     /// The whole machine's busy CPU time per relayed datagram, µs.
     pub machine_us_per_packet: Option<f64>,
     /// The machine's softirq time (the kernel's network receive path, mostly) per relayed
@@ -387,7 +391,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 
 /// The whole machine's CPU time so far, seconds (summed over CPUs), from /proc/stat's
 /// aggregate `cpu` line.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MachineCpu {
     /// user + nice + system + irq + softirq + steal (guest time is inside user already), as
     /// sampled at ticks.
@@ -400,6 +404,8 @@ pub struct MachineCpu {
     pub idle: f64,
     /// The CPUs (`cpuN` lines).
     pub cpus: usize,
+    /// Each CPU's idle + iowait, in `cpuN` order.
+    pub idle_per_cpu: Vec<f64>,
 }
 
 impl MachineCpu {
@@ -420,16 +426,25 @@ impl MachineCpu {
         // user nice system idle iowait irq softirq steal guest guest_nice
         let busy = field(0) + field(1) + field(2) + field(5) + field(6) + field(7);
         let ticks = clock_ticks();
-        let cpus = stat
+        let idle_per_cpu: Vec<f64> = stat
             .lines()
             .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
-            .count();
+            .map(|l| {
+                let f: Vec<f64> = l
+                    .split_whitespace()
+                    .skip(1)
+                    .map_while(|f| f.parse().ok())
+                    .collect();
+                (f.get(3).copied().unwrap_or(0.0) + f.get(4).copied().unwrap_or(0.0)) / ticks
+            })
+            .collect();
         (jiffies.len() >= 4).then(|| MachineCpu {
             busy: busy / ticks,
             softirq: field(6) / ticks,
             total: (busy + field(3) + field(4)) / ticks,
             idle: (field(3) + field(4)) / ticks,
-            cpus: cpus.max(1),
+            cpus: idle_per_cpu.len().max(1),
+            idle_per_cpu,
         })
     }
 }
@@ -662,6 +677,12 @@ impl Setup {
                 total: window * after.cpus as f64,
                 idle: after.idle - before.idle,
                 cpus: after.cpus,
+                idle_per_cpu: after
+                    .idle_per_cpu
+                    .iter()
+                    .zip(&before.idle_per_cpu)
+                    .map(|(a, b)| a - b)
+                    .collect(),
             }),
             _ => None,
         };
@@ -701,9 +722,15 @@ impl Setup {
             down: down_report,
             server_cpu_us_per_packet: per_packet(cpu, 1e6),
             server_wakeups_per_packet: per_packet(switches, 1.0),
-            machine_busy_cpus: machine.map(|m| m.busy / window.max(1e-9)),
-            machine_us_per_packet: per_packet(machine.map(|m| m.busy), 1e6),
-            machine_softirq_us_per_packet: per_packet(machine.map(|m| m.softirq), 1e6),
+            machine_busy_cpus: machine.as_ref().map(|m| m.busy / window.max(1e-9)),
+            cpu_busy: machine.as_ref().map(|m| {
+                m.idle_per_cpu
+                    .iter()
+                    .map(|idle| (1.0 - idle / window.max(1e-9)).clamp(0.0, 1.0))
+                    .collect()
+            }),
+            machine_us_per_packet: per_packet(machine.as_ref().map(|m| m.busy), 1e6),
+            machine_softirq_us_per_packet: per_packet(machine.as_ref().map(|m| m.softirq), 1e6),
         }
     }
 

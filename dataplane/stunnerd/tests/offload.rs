@@ -767,6 +767,17 @@ fn xdp_relays_in_the_driver_of_a_pods_veth_with_valid_checksums() {
         "XDP sent {tx} of {offloaded} offloaded datagrams\n{}",
         pod.server.logs()
     );
+    // Killed (SIGKILL), the server leaves no XDP program on the interface.
+    drop(pod);
+    let link = run(&[
+        "ip",
+        "-n",
+        &shape.ns("pod"),
+        "link",
+        "show",
+        &shape.pod_interface(),
+    ]);
+    assert!(!link.contains("xdp"), "{link}");
 }
 
 #[test]

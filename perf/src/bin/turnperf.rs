@@ -289,4 +289,8 @@ fn print_table(cli: &Cli, setup_rate: f64, report: &Report) {
             "machine CPU: {busy:.2} CPUs busy, {us:.2} µs per relayed packet ({softirq:.2} µs softirq)"
         );
     }
+    if let Some(cpus) = &report.cpu_busy {
+        let each: Vec<String> = cpus.iter().map(|b| format!("{:.0} %", b * 100.0)).collect();
+        println!("busy per CPU: {}", each.join(", "));
+    }
 }
