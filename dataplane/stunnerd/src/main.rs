@@ -501,18 +501,15 @@ fn main() -> ExitCode {
                     .map(|s| s.report.lock().map(|r| r.offload_channels).unwrap_or(0))
                     .sum();
                 // Live: XDP is taken off an interface that drops what it sends.
-                let xdp_interfaces = offload_live
-                    .as_ref()
-                    .map(|o| o.xdp_interfaces())
-                    .unwrap_or_default();
+                let (running, xdp_interfaces) = match &offload_live {
+                    Some(o) => (o.running(), o.xdp_interfaces()),
+                    None => (offload_status.running, Vec::new()),
+                };
                 doc.insert(
                     "offload".into(),
                     serde_json::json!({
                         "requested": offload_status.requested.name(),
-                        "running": match (offload_status.running, &xdp_interfaces) {
-                            ("xdp", xdp) if xdp.is_empty() => "tc",
-                            (running, _) => running,
-                        },
+                        "running": running,
                         "reason": offload_status.reason,
                         "interfaces": offload_status.interfaces,
                         "xdp_interfaces": xdp_interfaces,

@@ -21,11 +21,16 @@ struct Server {
 }
 
 fn config_text(port: u16, health: u16, metrics: u16, endpoint: &str) -> String {
+    config_on("127.0.0.1", port, health, metrics, endpoint)
+}
+
+/// The same with the listener, health and metrics servers on address `addr`.
+fn config_on(addr: &str, port: u16, health: u16, metrics: u16, endpoint: &str) -> String {
     format!(
-        "version: v1\nadmin: {{name: offload, healthcheck_endpoint: \"http://127.0.0.1:{health}\", \
-         metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
+        "version: v1\nadmin: {{name: offload, healthcheck_endpoint: \"http://{addr}:{health}\", \
+         metrics_endpoint: \"http://{addr}:{metrics}/metrics\"}}\n\
          auth: {{type: static, credentials: {{username: {}, password: {}}}}}\n\
-         listeners: [{{name: udp, address: 127.0.0.1, port: {port}, routes: [media]}}]\n\
+         listeners: [{{name: udp, address: {addr}, port: {port}, routes: [media]}}]\n\
          clusters: [{{name: media, endpoints: [\"{endpoint}\"]}}]\n",
         LINK_CREDS.0, LINK_CREDS.1
     )
@@ -572,21 +577,8 @@ impl PodServer {
         shape.start_echo_peer(peer_port);
         let (port, metrics, health) = (free_port(), free_port(), free_port());
         let config = temp_file("offload-pod.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: v1\nadmin: {{name: pod, healthcheck_endpoint: \"http://{pod}:{health}\", \
-                 metrics_endpoint: \"http://{pod}:{metrics}/metrics\"}}\n\
-                 auth: {{type: static, credentials: {{username: {}, password: {}}}}}\n\
-                 listeners: [{{name: udp, address: {pod}, port: {port}, routes: [media]}}]\n\
-                 clusters: [{{name: media, endpoints: [\"{peer}\"]}}]\n",
-                LINK_CREDS.0,
-                LINK_CREDS.1,
-                pod = shape.pod,
-                peer = shape.peer,
-            ),
-        )
-        .unwrap();
+        let (pod, peer) = (shape.pod.to_string(), shape.peer.to_string());
+        std::fs::write(&config, config_on(&pod, port, health, metrics, &peer)).unwrap();
         let pod_ns = shape.ns("pod");
         let server = Stunnerd::start_under(
             &["ip", "netns", "exec", &pod_ns],

@@ -97,10 +97,9 @@ pub struct OffloadStatus {
     pub requested: OffloadMode,
     /// Why it runs or not, with the fix when it does not.
     pub reason: String,
-    /// The interfaces the TC program is attached to.
+    /// The interfaces the TC program is attached to (those with XDP too:
+    /// [`Offload::xdp_interfaces`]).
     pub interfaces: Vec<String>,
-    /// The interfaces the XDP program runs on (in their drivers).
-    pub xdp_interfaces: Vec<String>,
 }
 
 /// The loaded program and its maps, shared by the shards; dropping the last handle detaches
@@ -113,10 +112,8 @@ pub struct Offload {
     links: Vec<OwnedFd>,
     /// The XDP program, or why the kernel refused it.
     xdp_program: Result<OwnedFd, String>,
-    /// Interfaces with the XDP program: name, index, link.
+    /// Interfaces with the XDP program (entries carry MAC addresses while there are any).
     xdp_links: std::sync::Mutex<Vec<XdpLink>>,
-    /// Whether any interface runs the XDP program (entries then carry MAC addresses).
-    xdp: std::sync::atomic::AtomicBool,
 }
 
 /// The XDP program on one interface, and the drops it has seen there.
@@ -209,7 +206,6 @@ impl Offload {
             links: Vec::new(),
             xdp_program,
             xdp_links: std::sync::Mutex::new(Vec::new()),
-            xdp: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -234,13 +230,22 @@ impl Offload {
                 _link: link,
                 tx_dropped,
             });
-        self.xdp.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
     /// Whether any interface runs the XDP program.
     pub fn xdp_running(&self) -> bool {
-        self.xdp.load(std::sync::atomic::Ordering::Relaxed)
+        let links = self.xdp_links.lock().unwrap_or_else(|e| e.into_inner());
+        !links.is_empty()
+    }
+
+    /// What runs now: `xdp` while any interface runs the XDP program, else `tc`.
+    pub fn running(&self) -> &'static str {
+        if self.xdp_running() {
+            "xdp"
+        } else {
+            "tc"
+        }
     }
 
     /// The interfaces that run the XDP program.
@@ -251,7 +256,8 @@ impl Offload {
 
     /// Takes the XDP program off every interface whose transmit drops grew since the last
     /// check (a veth whose peer has no NAPI drops every XDP_TX frame), logging why and the fix;
-    /// the TC program carries its traffic from then on. Called by one shard once a second.
+    /// the TC program carries its traffic from then on. Called from every shard's
+    /// once-a-second sync (the first to see the drops takes it off).
     pub(crate) fn check_xdp(&self) {
         let mut links = self.xdp_links.lock().unwrap_or_else(|e| e.into_inner());
         links.retain_mut(|link| {
@@ -261,16 +267,15 @@ impl Offload {
             if grew {
                 tracing::warn!(
                     target: "stunnerd",
-                    "offload: XDP taken off {} (interface {}): it dropped frames the program sent back out                      (a veth needs NAPI on its other end: `ethtool -K <peer> gro on` there);                      TC relays its channels",
+                    "offload: XDP taken off {} (interface {}): it dropped frames the program sent back \
+                     out (a veth passes them on only to a peer end that runs an XDP program \
+                     itself); TC relays its channels",
                     link.name,
                     link.index
                 );
             }
             !grew
         });
-        if links.is_empty() {
-            self.xdp.store(false, std::sync::atomic::Ordering::Relaxed);
-        }
     }
 
     /// Attaches the program at TC ingress of interface `name`.
@@ -428,12 +433,11 @@ fn ifindex(name: &str) -> io::Result<u32> {
 /// one line saying what runs and, if nothing does, why and how to fix it. Never fails: without
 /// an offload the shards relay everything, as with `none`.
 pub fn start(mode: OffloadMode, interfaces: &[String]) -> (Option<Arc<Offload>>, OffloadStatus) {
-    let status = |running, reason: String, interfaces, xdp_interfaces| OffloadStatus {
+    let status = |running, reason: String, interfaces| OffloadStatus {
         running,
         requested: mode,
         reason,
         interfaces,
-        xdp_interfaces,
     };
     if mode == OffloadMode::None {
         let reason = "--offload none (the default)".to_owned();
@@ -441,7 +445,7 @@ pub fn start(mode: OffloadMode, interfaces: &[String]) -> (Option<Arc<Offload>>,
             target: "stunnerd",
             "offload: none ({reason}; --offload tc or xdp relays channels in the kernel)"
         );
-        return (None, status("none", reason, Vec::new(), Vec::new()));
+        return (None, status("none", reason, Vec::new()));
     }
     let names = if interfaces.is_empty() {
         default_interfaces()
@@ -487,7 +491,7 @@ pub fn start(mode: OffloadMode, interfaces: &[String]) -> (Option<Arc<Offload>>,
                     xdp.join(", ")
                 );
             }
-            let running = if xdp.is_empty() { "tc" } else { "xdp" };
+            let running = offload.running();
             if mode == OffloadMode::Xdp && xdp.is_empty() {
                 let why = xdp_skipped
                     .first()
@@ -501,10 +505,7 @@ pub fn start(mode: OffloadMode, interfaces: &[String]) -> (Option<Arc<Offload>>,
                 }
                 tracing::info!(target: "stunnerd", "offload: {running} ({reason})");
             }
-            (
-                Some(Arc::new(offload)),
-                status(running, reason, attached, xdp),
-            )
+            (Some(Arc::new(offload)), status(running, reason, attached))
         }
         Err(reason) => {
             match mode {
@@ -518,7 +519,7 @@ pub fn start(mode: OffloadMode, interfaces: &[String]) -> (Option<Arc<Offload>>,
                     mode.name()
                 ),
             }
-            (None, status("none", reason, Vec::new(), Vec::new()))
+            (None, status("none", reason, Vec::new()))
         }
     }
 }
@@ -702,10 +703,10 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// How this host reaches `to`: the source address a wildcard-bound socket sends from, and the
+/// How this host reaches `to`: the source address a wildcard-bound socket sends from, the
 /// interface (0 if `to` is an address of this host, which the program delivers through the
-/// loopback).
-fn route_to(to: Ipv4Addr, now: Instant) -> Option<Route> {
+/// loopback) and, `with_macs` (for XDP), the next hop's and the interface's MAC addresses.
+fn route_to(to: Ipv4Addr, with_macs: bool, now: Instant) -> Option<Route> {
     let probe = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
     probe.connect((to, 9)).ok()?;
     let IpAddr::V4(source) = probe.local_addr().ok()?.ip() else {
@@ -714,6 +715,8 @@ fn route_to(to: Ipv4Addr, now: Instant) -> Option<Route> {
     let local = to.is_loopback() || UdpSocket::bind((to, 0)).is_ok();
     let (ifindex, macs) = if local {
         (0, None)
+    } else if !with_macs {
+        (ifindex(&interface_to(to)?.0).ok()?, None)
     } else {
         let (name, gateway) = interface_to(to)?;
         let next_hop = gateway.unwrap_or(to);
@@ -815,7 +818,7 @@ impl OffloadTable {
         if self.routes.len() >= ROUTES {
             self.routes.clear();
         }
-        let route = route_to(to, now)?;
+        let route = route_to(to, self.offload.xdp_running(), now)?;
         self.routes.insert(to, route);
         Some(route)
     }

@@ -125,6 +125,13 @@ struct {
 // Not ours: the next program attached to the interface (tcx), or the stack.
 #define NEXT TC_ACT_UNSPEC
 
+// Whether the frame is IPv4 without options carrying a whole (unfragmented) UDP datagram.
+static __always_inline int plain_udp(const struct ethhdr *eth, const struct iphdr *ip)
+{
+	return eth->h_proto == bpf_htons(ETH_P_IP) && ip->ihl == 5 && ip->protocol == IPPROTO_UDP &&
+	       !(ip->frag_off & bpf_htons(0x3fff));
+}
+
 struct headers {
 	__u32 saddr;
 	__u32 daddr;
@@ -157,8 +164,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct headers *h, __u32
 	struct udphdr *udp = data + UDP_OFF;
 	if (data + PAYLOAD_OFF > end)
 		return -1;
-	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5 || ip->protocol != IPPROTO_UDP ||
-	    (ip->frag_off & bpf_htons(0x3fff)))
+	if (!plain_udp(eth, ip))
 		return -1;
 	h->saddr = ip->saddr;
 	h->daddr = ip->daddr;
@@ -422,8 +428,7 @@ int uturn_offload_xdp(struct xdp_md *ctx)
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + ETH_LEN;
 	struct udphdr *udp = data + UDP_OFF;
-	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5 || ip->protocol != IPPROTO_UDP ||
-	    (ip->frag_off & bpf_htons(0x3fff)))
+	if (!plain_udp(eth, ip))
 		return XDP_PASS;
 	__u16 tot_len = bpf_ntohs(ip->tot_len);
 	__u16 udp_len = bpf_ntohs(udp->len);
