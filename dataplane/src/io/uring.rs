@@ -15,7 +15,10 @@
 //!
 //! A socket's poll holds a reference to it in the kernel: closing the fd alone would leave the
 //! socket (and its port) open until the poll completed. Dropping a [`UringWatch`] therefore
-//! removes its polls (`POLL_REMOVE`, submitted at once) before the fd is closed.
+//! cancels its polls (`ASYNC_CANCEL`, submitted at once) before the fd is closed. Not
+//! `POLL_REMOVE`: that fails with `EALREADY` when the poll's wakeup is already queued (a
+//! datagram arrived since the last wait) and leaves a multishot poll armed, holding the closed
+//! socket in its port's SO_REUSEPORT group for good, a sink for every client hashed to it.
 
 use super::driver::{Driver, Interest, Readiness, Token, Watched};
 use super::shard::{Shard, ShardSetup};
@@ -31,7 +34,7 @@ use std::time::Instant;
 /// keeps completions that do not fit instead of dropping them).
 pub(super) const RING_ENTRIES: u32 = 1024;
 
-/// The `user_data` of requests whose completions mean nothing (poll removals).
+/// The `user_data` of requests whose completions mean nothing (poll cancels).
 const IGNORED: u64 = u64::MAX;
 /// `io_uring_enter`'s flag to reap completions (and run deferred task work).
 const IORING_ENTER_GETEVENTS: u32 = 1;
@@ -76,7 +79,7 @@ impl Ring {
     /// Queues `entry` (waiting for the next submit; submits first if the queue is full).
     fn push(&mut self, entry: &squeue::Entry) {
         loop {
-            // SAFETY: the entries are polls and poll removals, which point at no memory of ours.
+            // SAFETY: the entries are polls and cancels, which point at no memory of ours.
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
                 return;
             }
@@ -120,7 +123,7 @@ impl Ring {
         self.push(&poll);
     }
 
-    /// Stops watching `fd`: removes its polls, in the kernel before this returns.
+    /// Stops watching `fd`: cancels its polls, in the kernel before this returns.
     fn forget(&mut self, fd: RawFd, generation: u32) {
         let Some(entry) = self
             .slot(fd)
@@ -131,15 +134,17 @@ impl Ring {
         let mut removed = false;
         for (armed, write) in [(entry.read_armed, false), (entry.write_armed, true)] {
             if armed {
-                let remove = opcode::PollRemove::new(user_data(fd, generation, write))
+                // Marks the poll cancelled even while its wakeup is queued; the task work
+                // run below (or the queued one) then completes it.
+                let cancel = opcode::AsyncCancel::new(user_data(fd, generation, write))
                     .build()
                     .user_data(IGNORED);
-                self.push(&remove);
+                self.push(&cancel);
                 removed = true;
             }
         }
         if removed {
-            // Submits the removals and runs the task work that completes the removed polls
+            // Submits the cancels and runs the task work that completes the cancelled polls
             // (deferred until a GETEVENTS enter), which drops their hold on the socket: the
             // fd closed after this closes the socket itself, and a listener reopened on the
             // same port at once finds it free.
@@ -195,7 +200,7 @@ pub(super) struct UringWatch {
     ring: Rc<RefCell<Ring>>,
     fd: RawFd,
     generation: u32,
-    /// Closed after the polls are gone (fields drop after `drop` runs).
+    /// Closed after the polls are cancelled (fields drop after `drop` runs).
     _socket: Socket,
 }
 
@@ -391,4 +396,58 @@ pub(super) fn run(setup: ShardSetup) -> io::Result<()> {
     }
     shard.shutdown(&setup.stats[setup.index]);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::RelayId;
+    use socket2::{Domain, Protocol, Type};
+    use std::net::{SocketAddr, UdpSocket};
+
+    fn ring() -> Uring {
+        Uring {
+            ring: Rc::new(RefCell::new(Ring {
+                ring: new_ring().expect("an io_uring"),
+                watched: Vec::new(),
+                next_generation: 0,
+            })),
+        }
+    }
+
+    /// A socket in a SO_REUSEPORT group on a free loopback port, as a listener's.
+    fn reuseport_socket() -> (Socket, SocketAddr) {
+        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+        socket.set_reuse_port(true).unwrap();
+        socket
+            .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .unwrap();
+        let addr = socket.local_addr().unwrap().as_socket().unwrap();
+        (socket, addr)
+    }
+
+    /// A closed socket leaves its port even when a datagram woke its poll and the shard has
+    /// not waited since (its wakeup is queued): `POLL_REMOVE` refused that case with
+    /// `EALREADY` and the multishot poll kept the socket, and its port, for good.
+    #[test]
+    fn a_socket_closed_with_a_wakeup_queued_leaves_its_port() {
+        for datagrams in [0, 1, 64] {
+            let uring = ring();
+            let (socket, addr) = reuseport_socket();
+            let watched = uring
+                .watch(socket, Token::Relay(RelayId(7)), Interest::Datagrams)
+                .unwrap();
+            uring.ring.borrow_mut().ring.submit().unwrap();
+            let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+            for _ in 0..datagrams {
+                client.send_to(b"queued", addr).unwrap();
+            }
+            drop(watched);
+            assert!(
+                UdpSocket::bind(addr).is_ok(),
+                "port {} still held after closing with {datagrams} datagrams queued",
+                addr.port()
+            );
+        }
+    }
 }
