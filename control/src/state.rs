@@ -14,7 +14,7 @@ use uturn_shared::config::{
     ClusterConfig, ClusterType, ServiceEndpoint, StaticEndpoint, StunnerConfig,
 };
 use uturn_shared::policy::unmapped_ip;
-use uturn_shared::snapshot::{host_endpoint, ListenerSpec, Snapshot};
+use uturn_shared::snapshot::{host_endpoint, Host, ListenerSpec, RelayAddresses, Snapshot};
 
 /// A change to the addresses of one watched Kubernetes Service (`<namespace>/<service>`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,10 +129,11 @@ impl ControlState {
     /// Starts from `config`, published as `generation` (by [`ControlState::snapshot`] of a
     /// state made the same way, e.g. [`crate::first_snapshot`]).
     pub fn new(config: StunnerConfig, generation: u64) -> ControlState {
+        let env_relay = Host::current().relay;
         let listeners = config
             .listeners
             .iter()
-            .map(|l| ListenerSpec::from_config(l, &config.auth.realm, generation))
+            .map(|l| ListenerSpec::from_config(l, &config.auth.realm, generation, env_relay))
             .collect();
         let mut state = ControlState {
             listeners,
@@ -440,8 +441,11 @@ pub fn reconcile(old: &StunnerConfig, new: &StunnerConfig) -> Reconciliation {
         match old.listeners.iter().find(|o| o.name == l.name) {
             None => summary.started += 1,
             Some(before) => {
-                let after = ListenerSpec::from_config(l, &new.auth.realm, 0);
-                if after.restarts_from(&ListenerSpec::from_config(before, &old.auth.realm, 0)) {
+                // The environment is the process's, the same on both sides.
+                let env = RelayAddresses::default();
+                let after = ListenerSpec::from_config(l, &new.auth.realm, 0, env);
+                if after.restarts_from(&ListenerSpec::from_config(before, &old.auth.realm, 0, env))
+                {
                     summary.restarted += 1;
                 }
             }

@@ -10,7 +10,7 @@ use crate::config::{
     ClusterConfig, ClusterType, ListenerConfig, ListenerProtocol, StaticEndpoint, StunnerConfig,
 };
 use arc_swap::ArcSwap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 /// The shared, swappable pointer to the current snapshot.
@@ -26,8 +26,8 @@ pub struct ListenerSpec {
     pub name: String,
     /// Protocol, normalized.
     pub protocol: ListenerProtocol,
-    /// The relay address advertised in XOR-RELAYED-ADDRESS (listener `address`).
-    pub advertised_ip: IpAddr,
+    /// The relay address advertised in XOR-RELAYED-ADDRESS, per family served.
+    pub relay: RelayAddresses,
     /// The port the listener binds on the wildcard address.
     pub port: u16,
     /// The realm it serves: a realm change restarts every listener, as in stunnerd.
@@ -42,15 +42,20 @@ pub struct ListenerSpec {
 }
 
 impl ListenerSpec {
-    /// The listener `listener` of a config whose realm is `realm`, in run `run`.
-    pub fn from_config(listener: &ListenerConfig, realm: &str, run: u64) -> ListenerSpec {
+    /// The listener `listener` of a config whose realm is `realm`, in run `run`; `env_relay`
+    /// gives the relay address of a family the config names none of ([`Host::relay`]).
+    pub fn from_config(
+        listener: &ListenerConfig,
+        realm: &str,
+        run: u64,
+        env_relay: RelayAddresses,
+    ) -> ListenerSpec {
         ListenerSpec {
             name: listener.name.clone(),
             protocol: listener.protocol,
-            advertised_ip: listener
-                .address
-                .parse()
-                .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+            relay: RelayAddresses::parse_list([listener.address.as_str()])
+                .or(env_relay)
+                .or_wildcard(),
             port: listener.port,
             realm: realm.to_owned(),
             tls: TlsMaterial {
@@ -80,6 +85,133 @@ impl ListenerSpec {
     /// the listener; see [`ListenerSpec::same_as`].
     pub fn restarts_from(&self, before: &ListenerSpec) -> bool {
         !self.same_as(before)
+    }
+}
+
+/// What a snapshot takes from the host it is built on.
+#[derive(Debug, Clone, Default)]
+pub struct Host {
+    /// The addresses of its interfaces ([`crate::policy::host_ips`]).
+    pub ips: Vec<IpAddr>,
+    /// The relay addresses its environment names ([`RelayAddresses::from_env`]), for the
+    /// families a config gives no address of.
+    pub relay: RelayAddresses,
+}
+
+impl Host {
+    /// This host, now.
+    pub fn current() -> Host {
+        Host {
+            ips: crate::policy::host_ips(),
+            relay: RelayAddresses::from_env(&|key| std::env::var(key).ok()),
+        }
+    }
+}
+
+/// The relay addresses a listener advertises, one per address family it relays: an
+/// unspecified address advertises the relay socket's own (wildcard) address, as stunnerd does
+/// when no address is configured; `None` means the family is not served (440 to an Allocate
+/// that asks for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RelayAddresses {
+    /// IPv4 relays.
+    pub v4: Option<Ipv4Addr>,
+    /// IPv6 relays.
+    pub v6: Option<Ipv6Addr>,
+}
+
+impl RelayAddresses {
+    /// The first IPv4 and the first IPv6 address of `items`, each of which may hold several
+    /// separated by commas (as `status.podIPs` renders in `STUNNER_ADDRS`); blanks, unspecified
+    /// addresses and anything that is not an IP (an unexpanded `$VAR`) are skipped.
+    pub fn parse_list<'a>(items: impl IntoIterator<Item = &'a str>) -> RelayAddresses {
+        let mut relay = RelayAddresses::default();
+        for ip in items
+            .into_iter()
+            .flat_map(|item| item.split(','))
+            .filter_map(|item| item.trim().parse::<IpAddr>().ok())
+            .filter(|ip| !ip.is_unspecified())
+        {
+            match ip {
+                IpAddr::V4(v4) => relay.v4 = relay.v4.or(Some(v4)),
+                IpAddr::V6(v6) => relay.v6 = relay.v6.or(Some(v6)),
+            }
+        }
+        relay
+    }
+
+    /// The relay addresses the environment names: `STUNNER_ADDRS` (the pod's addresses, one
+    /// per family), then `STUNNER_ADDR` (the pod's primary address).
+    pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> RelayAddresses {
+        let addrs = env("STUNNER_ADDRS").unwrap_or_default();
+        let addr = env("STUNNER_ADDR").unwrap_or_default();
+        RelayAddresses::parse_list([addrs.as_str(), addr.as_str()])
+    }
+
+    /// `self`, each family it lacks taken from `fallback`.
+    pub fn or(self, fallback: RelayAddresses) -> RelayAddresses {
+        RelayAddresses {
+            v4: self.v4.or(fallback.v4),
+            v6: self.v6.or(fallback.v6),
+        }
+    }
+
+    /// `self`, or IPv4 advertised as the relay socket's wildcard address if it names no
+    /// address at all (stunnerd's behaviour without a relay address).
+    pub fn or_wildcard(self) -> RelayAddresses {
+        if self.v4.is_none() && self.v6.is_none() {
+            RelayAddresses {
+                v4: Some(Ipv4Addr::UNSPECIFIED),
+                v6: None,
+            }
+        } else {
+            self
+        }
+    }
+
+    /// Only the family of `ip`, advertised as `ip`.
+    pub fn of(ip: IpAddr) -> RelayAddresses {
+        match ip {
+            IpAddr::V4(v4) => RelayAddresses {
+                v4: Some(v4),
+                v6: None,
+            },
+            IpAddr::V6(v6) => RelayAddresses {
+                v4: None,
+                v6: Some(v6),
+            },
+        }
+    }
+
+    /// The address advertised for IPv6 relays if `ipv6`, else for IPv4 ones.
+    pub fn get(&self, ipv6: bool) -> Option<IpAddr> {
+        if ipv6 {
+            self.v6.map(IpAddr::V6)
+        } else {
+            self.v4.map(IpAddr::V4)
+        }
+    }
+
+    /// The addresses of every family served, IPv4 first.
+    pub fn iter(&self) -> impl Iterator<Item = IpAddr> {
+        self.get(false).into_iter().chain(self.get(true))
+    }
+}
+
+impl std::fmt::Display for RelayAddresses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut any = false;
+        for ip in self.iter() {
+            if any {
+                f.write_str(", ")?;
+            }
+            write!(f, "{ip}")?;
+            any = true;
+        }
+        if !any {
+            f.write_str("none")?;
+        }
+        Ok(())
     }
 }
 
@@ -163,24 +295,24 @@ pub fn host_endpoint(ip: IpAddr, port_min: u16, port_max: u16) -> StaticEndpoint
 impl Snapshot {
     /// Builds the snapshot of a validated config. `discovered` gives the current endpoints of
     /// a STRICT_DNS or KUBERNETES cluster (resolved or watched by the control thread); STATIC
-    /// clusters are taken from the config. The host's interface addresses are read now
-    /// ([`crate::policy::host_ips`]), so every snapshot, at start and after each reload or
+    /// clusters are taken from the config. The host's interface addresses and relay addresses
+    /// are read now ([`Host::current`]), so every snapshot, at start and after each reload or
     /// endpoint change, refuses the addresses the host has then.
     pub fn from_config(
         config: &StunnerConfig,
         generation: u64,
         discovered: &dyn Fn(&ClusterConfig) -> Vec<StaticEndpoint>,
     ) -> Snapshot {
-        Snapshot::from_config_on_host(config, generation, discovered, &crate::policy::host_ips())
+        Snapshot::from_config_on_host(config, generation, discovered, &Host::current())
     }
 
-    /// [`Snapshot::from_config`] on a host whose interface addresses are `host_ips` (for
+    /// [`Snapshot::from_config`] on `host` (for
     /// harnesses that must not depend on the machine they run on).
     pub fn from_config_on_host(
         config: &StunnerConfig,
         generation: u64,
         discovered: &dyn Fn(&ClusterConfig) -> Vec<StaticEndpoint>,
-        host_ips: &[IpAddr],
+        host: &Host,
     ) -> Snapshot {
         let clusters: Vec<ClusterSpec> = config
             .clusters
@@ -207,6 +339,7 @@ impl Snapshot {
                 listener,
                 &config.auth.realm,
                 generation,
+                host.relay,
             ));
             // Clusters named in routes but missing from the config are skipped, as stunnerd does.
             routes.push(Route {
@@ -219,13 +352,15 @@ impl Snapshot {
         }
         // The host's loopback addresses are left to their scope rule: all of 127.0.0.0/8 is
         // the host, and an endpoint inside it is already an explicit choice to reach it.
-        let host_ips = host_ips
+        let host_ips = host
+            .ips
             .iter()
             .map(|&ip| crate::policy::canonical_peer(ip))
             .filter(|&ip| crate::policy::scope(ip) != crate::policy::Scope::Loopback);
         let mut own_ips: Vec<IpAddr> = listeners
             .iter()
-            .map(|l| crate::policy::canonical_peer(l.advertised_ip))
+            .flat_map(|l| l.relay.iter())
+            .map(crate::policy::canonical_peer)
             .chain(host_ips)
             .filter(|ip| !ip.is_unspecified())
             .collect();
@@ -296,5 +431,34 @@ impl Snapshot {
                     && port.is_none_or(|p| e.admits_port(p))
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod relay_tests {
+    use super::*;
+
+    #[test]
+    fn relay_addresses_take_the_first_of_each_family_then_the_environment() {
+        let list = RelayAddresses::parse_list(["$STUNNER_ADDR", " 10.0.0.1 , fd00::1", "10.0.0.2"]);
+        assert_eq!(list.to_string(), "10.0.0.1, fd00::1");
+        let env = |key: &str| match key {
+            "STUNNER_ADDRS" => Some("10.244.1.5,fd00:244::5".to_owned()),
+            "STUNNER_ADDR" => Some("10.244.1.5".to_owned()),
+            _ => None,
+        };
+        let from_env = RelayAddresses::from_env(&env);
+        assert_eq!(from_env.to_string(), "10.244.1.5, fd00:244::5");
+        // A configured family wins; the environment fills the other.
+        let v4_only = RelayAddresses::parse_list(["192.0.2.10"]);
+        assert_eq!(v4_only.or(from_env).to_string(), "192.0.2.10, fd00:244::5");
+        // Unspecified addresses name nothing; with nothing named, IPv4 on the wildcard.
+        let wildcard = RelayAddresses::parse_list(["0.0.0.0", "::"]);
+        assert_eq!(wildcard, RelayAddresses::default());
+        assert_eq!(wildcard.or_wildcard().to_string(), "0.0.0.0");
+        assert_eq!(
+            RelayAddresses::from_env(&|_| None),
+            RelayAddresses::default()
+        );
     }
 }

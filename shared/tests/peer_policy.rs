@@ -4,7 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 use uturn_shared::config::parse_config;
 use uturn_shared::policy::host_ips;
-use uturn_shared::snapshot::Snapshot;
+use uturn_shared::snapshot::{Host, Snapshot};
 
 /// A snapshot with one listener (advertised `0.0.0.0`, as in the README's quick start) routed
 /// to one cluster of `endpoints`, on a host whose interfaces carry `host`.
@@ -16,7 +16,15 @@ fn snapshot(endpoints: &str, host: Option<&[IpAddr]>) -> Snapshot {
     );
     let config = parse_config(&text).unwrap_or_else(|e| panic!("{e}"));
     match host {
-        Some(ips) => Snapshot::from_config_on_host(&config, 1, &|_| Vec::new(), ips),
+        Some(ips) => Snapshot::from_config_on_host(
+            &config,
+            1,
+            &|_| Vec::new(),
+            &Host {
+                ips: ips.to_vec(),
+                ..Host::default()
+            },
+        ),
         None => Snapshot::from_config(&config, 1, &|_| Vec::new()),
     }
 }

@@ -152,7 +152,7 @@ pub fn check_config(cfg: &StunnerConfig, revalidate: bool) {
         }
     }
     let _ = cfg.is_zero();
-    let snap = Snapshot::from_config_on_host(cfg, 1, &|_| Vec::new(), &[]);
+    let snap = Snapshot::from_config_on_host(cfg, 1, &|_| Vec::new(), &Default::default());
     check_snapshot(cfg, &snap);
 }
 
@@ -191,7 +191,7 @@ fn check_snapshot(cfg: &StunnerConfig, snap: &Snapshot) {
         }
     }
     for l in &snap.listeners {
-        probes.push(l.advertised_ip);
+        probes.extend(l.relay.iter());
     }
     probes.truncate(64);
     ports.truncate(16);

@@ -138,7 +138,7 @@ pub struct Variant {
 
 fn variant(text: &str) -> Variant {
     let cfg = parse_config(text).unwrap_or_else(|e| panic!("harness config: {e}"));
-    let snap = Snapshot::from_config_on_host(&cfg, 1, &|_| Vec::new(), &[]);
+    let snap = Snapshot::from_config_on_host(&cfg, 1, &|_| Vec::new(), &Default::default());
     Variant { cfg, snap }
 }
 
@@ -615,11 +615,12 @@ impl Harness {
                     data
                 );
                 assert!(!had, "AllocateRelay for a 5-tuple that holds an allocation");
-                let family = match self.snap.listeners[listener].advertised_ip {
-                    IpAddr::V4(_) => Family::V4,
-                    IpAddr::V6(_) => Family::V6,
-                };
-                assert_eq!(req.family, family, "relay family is not the listener's");
+                let relay = self.snap.listeners[listener].relay;
+                assert!(
+                    relay.get(req.family == Family::V6).is_some(),
+                    "relay family {:?} is not one the listener serves ({relay})",
+                    req.family
+                );
                 assert!(
                     !self.allocs.contains_key(&req.relay.0),
                     "AllocateRelay reuses live relay {}",
@@ -658,7 +659,13 @@ impl Harness {
                     let relayed = r.attribute::<XorRelayedAddress>().expect("relayed").addr(txid);
                     assert_eq!(
                         relayed,
-                        SocketAddr::new(self.snap.listeners[listener].advertised_ip, port)
+                        SocketAddr::new(
+                            self.snap.listeners[listener]
+                                .relay
+                                .get(relayed.is_ipv6())
+                                .expect("a family the listener serves"),
+                            port
+                        )
                     );
                     let mapped = r.attribute::<XorMappedAddress>().expect("mapped").addr(txid);
                     assert_eq!(mapped, from);

@@ -63,7 +63,7 @@ fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
         let cfg = parse_config(CONFIG).expect("peer_policy config");
-        let snap = Snapshot::from_config_on_host(&cfg, 1, &|_| Vec::new(), &[]);
+        let snap = Snapshot::from_config_on_host(&cfg, 1, &|_| Vec::new(), &Default::default());
         let id = |name: &str| snap.clusters.iter().position(|c| c.name == name).unwrap();
         Fixture {
             world: id("world"),

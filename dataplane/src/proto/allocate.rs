@@ -21,8 +21,11 @@ const TRANSPORT_UDP: u8 = 17;
 
 /// What a well-formed Allocate asks for.
 pub(super) struct AllocateRequest {
-    /// The relay's address family: the listener's.
+    /// The relay's address family: the one requested, else IPv4 (or IPv6 on a listener that
+    /// relays only IPv6).
     pub(super) family: Family,
+    /// The relay address's IP: the listener's for that family.
+    pub(super) advertised_ip: IpAddr,
     /// EVEN-PORT without the reservation of the next port.
     pub(super) even_port: bool,
     /// DONT-FRAGMENT.
@@ -63,16 +66,17 @@ pub(super) fn allocate_request(
         Err(_) if has_even_port => return Err(RequestError::MalformedEvenPort),
         Err(_) => false,
     };
-    let listener_family = Family::of(listener.advertised_ip);
     let family = match msg.attribute::<RequestedAddressFamily>() {
         Ok(requested) => requested_family(&requested),
         Err(_) if has_family => return Err(RequestError::MalformedAddressFamily),
-        Err(_) => listener_family,
+        // RFC 8656 §7.2: IPv4 by default; a listener that relays IPv6 only relays that.
+        Err(_) if listener.relay.v4.is_none() && listener.relay.v6.is_some() => Family::V6,
+        Err(_) => Family::V4,
     };
-    if family != listener_family {
-        // The advertised relay address is the listener's; it cannot be of another family.
+    let Some(advertised_ip) = listener.relay.get(family == Family::V6) else {
+        // No relay address of that family is configured for this listener.
         return Err(RequestError::FamilyNotListeners);
-    }
+    };
     let lifetime = requested_lifetime(msg).unwrap_or(DEFAULT_ALLOCATION_LIFETIME);
     let lifetime = if lifetime.is_zero() {
         DEFAULT_ALLOCATION_LIFETIME
@@ -81,6 +85,7 @@ pub(super) fn allocate_request(
     };
     Ok(AllocateRequest {
         family,
+        advertised_ip,
         even_port,
         dont_fragment: msg.has_attribute(DontFragment::TYPE),
         lifetime,
@@ -92,7 +97,7 @@ pub(super) struct PendingAllocate {
     pub(super) relay: RelayId,
     pub(super) key: ClientKey,
     pub(super) listener_name: String,
-    /// The relay address's IP: the listener's advertised address.
+    /// The relay address's IP: the listener's for the requested family.
     pub(super) advertised_ip: IpAddr,
     pub(super) family: Family,
     pub(super) username: String,
@@ -116,7 +121,7 @@ impl PendingAllocate {
             relay,
             key,
             listener_name: listener.name.clone(),
-            advertised_ip: listener.advertised_ip,
+            advertised_ip: request.advertised_ip,
             family: request.family,
             username: authenticated.username,
             user_id: authenticated.user_id,

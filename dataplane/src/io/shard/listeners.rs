@@ -280,7 +280,7 @@ impl<W> Listeners<W> {
                 spec.name,
                 spec.protocol.as_str(),
                 spec.port,
-                spec.advertised_ip,
+                spec.relay,
                 shard,
                 sockets.len()
             );

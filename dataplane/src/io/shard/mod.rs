@@ -655,13 +655,19 @@ impl<D: Driver> Shard<D> {
                 if let (Some(_), Ok(port)) = (reply, port) {
                     tracing::debug!(
                         target: "stunner",
-                        "Allocation created: client={}-{}:{}, listener={}, relay-address={}:{}, shard={}",
+                        "Allocation created: client={}-{}:{}, listener={}, relay-address={}, shard={}",
                         from,
                         listener.spec.port,
                         listener.transport.name(),
                         listener.spec.name,
-                        listener.spec.advertised_ip,
-                        port,
+                        SocketAddr::new(
+                            listener
+                                .spec
+                                .relay
+                                .get(request.family == crate::proto::Family::V6)
+                                .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+                            port
+                        ),
                         self.index
                     );
                 }
