@@ -91,10 +91,12 @@ pub(crate) async fn run(
         while let Some(event) = next.take() {
             match event {
                 Event::Config(new) => {
+                    let mut new = *new;
+                    (config.rewrite)(&mut new);
                     apply_config(
                         &mut state,
                         &mut admin,
-                        *new,
+                        new,
                         &config.check,
                         &*config.on_config,
                     )
@@ -152,6 +154,9 @@ async fn apply_config(
             }
             if state.config().clusters.is_empty() {
                 tracing::warn!(target: "stunner", "Running with no clusters: TURN forwarding to peers not permitted");
+            }
+            for warning in state.config().warnings() {
+                tracing::warn!(target: "stunner", "{warning}");
             }
             on_config(state.config());
         }

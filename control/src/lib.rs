@@ -81,6 +81,11 @@ pub struct ControlConfig {
     pub kube: KubeOptions,
     /// Live allocations over all shards (for `/status`).
     pub allocations: Arc<dyn Fn() -> u64 + Send + Sync>,
+    /// Live allocations by listener name, over all shards (a v2 config's `/status` counts a
+    /// server's `sessions` from them).
+    pub listener_allocations: ListenerAllocations,
+    /// Applied to every config received, before it is checked (e.g. `--license`).
+    pub rewrite: Box<dyn Fn(&mut StunnerConfig) + Send>,
     /// Called after each applied config (e.g. to apply `admin.loglevel`).
     pub on_config: Box<dyn Fn(&StunnerConfig) + Send>,
     /// Records the dataplane's metrics for a scrape (the control plane renders them).
@@ -106,6 +111,9 @@ pub type MetricsSource = Arc<dyn Fn(&dyn metrics::Recorder) + Send + Sync>;
 pub type DataplaneStatus =
     Arc<dyn Fn(&mut serde_json::Map<String, serde_json::Value>) + Send + Sync>;
 
+/// See [`ControlConfig::listener_allocations`].
+pub type ListenerAllocations = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
+
 /// See [`ControlConfig::check`].
 pub type ConfigCheck = Box<dyn Fn(&StunnerConfig, &StunnerConfig) -> Result<(), String> + Send>;
 
@@ -125,6 +133,7 @@ impl Control {
         let admin = AdminServers::open(&config.initial, watching).map_err(std::io::Error::other)?;
         let status = Arc::new(StatusBoard::new(
             config.allocations.clone(),
+            config.listener_allocations.clone(),
             config.force_ready,
             config.dataplane_status.clone(),
         ));

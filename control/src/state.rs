@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 use uturn_shared::config::{
-    ClusterConfig, ClusterType, ServiceEndpoint, StaticEndpoint, StunnerConfig,
+    ClusterConfig, ClusterType, Endpoint, ServiceEndpoint, StaticEndpoint, StunnerConfig,
 };
 use uturn_shared::policy::unmapped_ip;
 use uturn_shared::snapshot::{host_endpoint, Host, ListenerSpec, RelayAddresses, Snapshot};
@@ -133,7 +133,7 @@ impl ControlState {
         let listeners = config
             .listeners
             .iter()
-            .map(|l| ListenerSpec::from_config(l, &config.auth.realm, generation, env_relay))
+            .map(|l| ListenerSpec::from_config(&config, l, generation, env_relay))
             .collect();
         let mut state = ControlState {
             listeners,
@@ -347,18 +347,18 @@ impl ControlState {
     fn cluster_endpoints(&self, cluster: &ClusterConfig) -> Vec<StaticEndpoint> {
         let mut endpoints = Vec::new();
         match cluster.cluster_type {
-            ClusterType::Static => {}
-            ClusterType::StrictDns => {
-                // STRICT_DNS matches IP only, as stunnerd.
-                for host in &cluster.endpoints {
-                    for ip in self.dns.get(host).into_iter().flatten() {
-                        endpoints.push(host_endpoint(*ip, 0, u16::MAX));
+            // A domain endpoint is resolved whatever the type, as STUNner v2 does (a v1
+            // STRICT_DNS cluster lists hostnames only; its IPs are admitted on every port).
+            ClusterType::Static | ClusterType::StrictDns => {
+                for (host, port_min, port_max) in domains(cluster) {
+                    for ip in self.dns.get(&host).into_iter().flatten() {
+                        endpoints.push(host_endpoint(*ip, port_min, port_max));
                     }
                 }
             }
             ClusterType::Kubernetes => {
                 for raw in &cluster.endpoints {
-                    let Ok(service) = ServiceEndpoint::parse(raw) else {
+                    let Ok(service) = ServiceEndpoint::parse_v2(raw) else {
                         continue;
                     };
                     let Some(state) = self.services.get(&service.key()) else {
@@ -379,13 +379,14 @@ impl ControlState {
         let mut hosts = BTreeSet::new();
         for cluster in &self.config.clusters {
             match cluster.cluster_type {
-                ClusterType::Static => {}
-                ClusterType::StrictDns => hosts.extend(cluster.endpoints.iter().cloned()),
+                ClusterType::Static | ClusterType::StrictDns => {
+                    hosts.extend(domains(cluster).map(|(host, _, _)| host))
+                }
                 ClusterType::Kubernetes => services.extend(
                     cluster
                         .endpoints
                         .iter()
-                        .filter_map(|e| ServiceEndpoint::parse(e).ok())
+                        .filter_map(|e| ServiceEndpoint::parse_v2(e).ok())
                         .map(|s| s.key()),
                 ),
             }
@@ -408,6 +409,39 @@ impl ControlState {
     }
 }
 
+/// The domain endpoints of `cluster`, with the ports each names.
+fn domains(cluster: &ClusterConfig) -> impl Iterator<Item = (String, u16, u16)> + '_ {
+    cluster
+        .endpoints
+        .iter()
+        .filter_map(|e| match Endpoint::parse(e) {
+            Ok(Endpoint::Domain {
+                host,
+                port_min,
+                port_max,
+            }) => Some((host, port_min, port_max)),
+            _ => None,
+        })
+}
+
+/// Counts the objects of one kind that `new` adds, changes or deletes from `old` (by name).
+fn objects<T: PartialEq>(
+    old: &[T],
+    new: &[T],
+    name: impl Fn(&T) -> &String,
+    count: &mut impl FnMut(bool, bool, bool),
+) {
+    for item in new {
+        let before = old.iter().find(|o| name(o) == name(item));
+        count(before.is_some(), true, before.is_some_and(|b| b != item));
+    }
+    for item in old {
+        if !new.iter().any(|n| name(n) == name(item)) {
+            count(true, false, false);
+        }
+    }
+}
+
 /// Counts what going from `old` to `new` does, object by object (matched by name).
 pub fn reconcile(old: &StunnerConfig, new: &StunnerConfig) -> Reconciliation {
     let mut summary = Reconciliation::default();
@@ -419,22 +453,17 @@ pub fn reconcile(old: &StunnerConfig, new: &StunnerConfig) -> Reconciliation {
     };
     count(true, true, old.admin != new.admin);
     count(true, true, old.auth != new.auth);
-    for l in &new.listeners {
-        let before = old.listeners.iter().find(|o| o.name == l.name);
-        count(before.is_some(), true, before.is_some_and(|b| b != l));
-    }
-    for l in &old.listeners {
-        if !new.listeners.iter().any(|n| n.name == l.name) {
-            count(true, false, false);
+    // Objects of the documents as written: a v1 config's listeners and clusters, a v2
+    // config's listeners, servers and clusters (stunnerd's counts for each).
+    match (&old.v1, &new.v1) {
+        (Some(old), Some(new)) => {
+            objects(&old.listeners, &new.listeners, |l| &l.name, &mut count);
+            objects(&old.clusters, &new.clusters, |c| &c.name, &mut count);
         }
-    }
-    for c in &new.clusters {
-        let before = old.clusters.iter().find(|o| o.name == c.name);
-        count(before.is_some(), true, before.is_some_and(|b| b != c));
-    }
-    for c in &old.clusters {
-        if !new.clusters.iter().any(|n| n.name == c.name) {
-            count(true, false, false);
+        _ => {
+            objects(&old.listeners, &new.listeners, |l| &l.name, &mut count);
+            objects(&old.servers, &new.servers, |s| &s.name, &mut count);
+            objects(&old.clusters, &new.clusters, |c| &c.name, &mut count);
         }
     }
     for l in &new.listeners {
@@ -443,9 +472,8 @@ pub fn reconcile(old: &StunnerConfig, new: &StunnerConfig) -> Reconciliation {
             Some(before) => {
                 // The environment is the process's, the same on both sides.
                 let env = RelayAddresses::default();
-                let after = ListenerSpec::from_config(l, &new.auth.realm, 0, env);
-                if after.restarts_from(&ListenerSpec::from_config(before, &old.auth.realm, 0, env))
-                {
+                let after = ListenerSpec::from_config(new, l, 0, env);
+                if after.restarts_from(&ListenerSpec::from_config(old, before, 0, env)) {
                     summary.restarted += 1;
                 }
             }

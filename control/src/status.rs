@@ -11,15 +11,27 @@ use uturn_shared::config::StunnerConfig;
 #[derive(Default)]
 struct StatusView {
     config: Value,
+    /// A v2 config's servers: name, type, clusters, and the listeners they serve.
+    servers: Option<Vec<ServerView>>,
     ready: bool,
     draining: bool,
     discovery: Value,
+}
+
+/// A server of a v2 config as `/status` shows it.
+struct ServerView {
+    name: String,
+    server_type: &'static str,
+    clusters: Vec<String>,
+    /// The listeners whose clients it serves (its sessions are theirs).
+    listeners: Vec<String>,
 }
 
 /// The status the health server answers with, shared between the control loop, the health
 /// server and [`crate::Control`].
 pub(crate) struct StatusBoard {
     allocations: Arc<dyn Fn() -> u64 + Send + Sync>,
+    listener_allocations: crate::ListenerAllocations,
     force_ready: bool,
     dataplane: crate::DataplaneStatus,
     view: Mutex<StatusView>,
@@ -66,6 +78,28 @@ impl HealthSource for StatusBoard {
             Value::Object(map) => map.clone(),
             _ => serde_json::Map::new(),
         };
+        if let Some(servers) = &view.servers {
+            let by_listener = (self.listener_allocations)();
+            let sessions = |listeners: &[String]| -> u64 {
+                by_listener
+                    .iter()
+                    .filter(|(name, _)| listeners.contains(name))
+                    .map(|(_, n)| n)
+                    .sum()
+            };
+            let servers: Vec<Value> = servers
+                .iter()
+                .map(|s| {
+                    json!({
+                        "name": s.name,
+                        "type": s.server_type,
+                        "clusters": s.clusters,
+                        "sessions": sessions(&s.listeners),
+                    })
+                })
+                .collect();
+            doc.insert("servers".into(), Value::Array(servers));
+        }
         doc.insert("allocationCount".into(), json!((self.allocations)()));
         let status = if view.draining {
             "TERMINATING"
@@ -86,11 +120,13 @@ impl StatusBoard {
     /// 200 always (`--force-ready-status`).
     pub(crate) fn new(
         allocations: Arc<dyn Fn() -> u64 + Send + Sync>,
+        listener_allocations: crate::ListenerAllocations,
         force_ready: bool,
         dataplane: crate::DataplaneStatus,
     ) -> StatusBoard {
         StatusBoard {
             allocations,
+            listener_allocations,
             force_ready,
             dataplane,
             view: Mutex::new(StatusView::default()),
@@ -130,8 +166,27 @@ impl StatusBoard {
             .iter()
             .map(|(host, ips)| json!({"hostname": host, "addresses": ips}))
             .collect();
+        let config = state.config();
+        let servers = config.v1.is_none().then(|| {
+            config
+                .servers
+                .iter()
+                .map(|server| ServerView {
+                    name: server.name.clone(),
+                    server_type: server.server_type.as_str(),
+                    clusters: server.clusters.clone(),
+                    listeners: config
+                        .listeners
+                        .iter()
+                        .filter(|l| config.turn_server(l).is_some_and(|t| t.name == server.name))
+                        .map(|l| l.name.clone())
+                        .collect(),
+                })
+                .collect()
+        });
         if let Ok(mut view) = self.view.lock() {
-            view.config = redacted(state.config());
+            view.config = redacted(config);
+            view.servers = servers;
             view.ready = state.ready();
             view.discovery = json!({
                 "kubernetes": services,

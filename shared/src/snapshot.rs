@@ -7,7 +7,8 @@
 
 use crate::auth::Authenticator;
 use crate::config::{
-    ClusterConfig, ClusterType, ListenerConfig, ListenerProtocol, StaticEndpoint, StunnerConfig,
+    ClusterConfig, ClusterProtocol, ClusterType, Endpoint, ListenerConfig, ListenerProtocol,
+    RoutingPolicy, StaticEndpoint, StunnerConfig,
 };
 use arc_swap::ArcSwap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -28,7 +29,9 @@ pub struct ListenerSpec {
     pub protocol: ListenerProtocol,
     /// The relay address advertised in XOR-RELAYED-ADDRESS, per family served.
     pub relay: RelayAddresses,
-    /// The port the listener binds on the wildcard address.
+    /// The address it binds: `None` binds every address of both families.
+    pub bind: Option<IpAddr>,
+    /// The port it binds.
     pub port: u16,
     /// The realm it serves: a realm change restarts every listener, as in stunnerd.
     pub realm: String,
@@ -42,22 +45,44 @@ pub struct ListenerSpec {
 }
 
 impl ListenerSpec {
-    /// The listener `listener` of a config whose realm is `realm`, in run `run`; `env_relay`
-    /// gives the relay address of a family the config names none of ([`Host::relay`]).
+    /// The listener `listener` of `config`, in run `run`. It is served as TURN over its
+    /// transport when a TURN server serves it (else its protocol is a plain one, which no
+    /// shard opens); its relay addresses are the `addresses` of the first UDP cluster of that
+    /// server, then `env_relay` for a family they name none of ([`Host::relay`]), then IPv4 on
+    /// the relay socket's wildcard address.
     pub fn from_config(
+        config: &StunnerConfig,
         listener: &ListenerConfig,
-        realm: &str,
         run: u64,
         env_relay: RelayAddresses,
     ) -> ListenerSpec {
+        let server = config.turn_server(listener);
+        let protocol = match config.listener_protocol(listener) {
+            Some(protocol) => protocol,
+            None => match listener.protocol {
+                crate::config::Transport::Udp | crate::config::Transport::Stdin => {
+                    ListenerProtocol::Udp
+                }
+                crate::config::Transport::Tcp => ListenerProtocol::Tcp,
+                crate::config::Transport::Tls => ListenerProtocol::Tls,
+                crate::config::Transport::Dtls => ListenerProtocol::Dtls,
+            },
+        };
+        let relay_cluster = server.and_then(|server| {
+            config
+                .server_clusters(server)
+                .find(|c| c.protocol == ClusterProtocol::Udp)
+        });
+        let configured = relay_cluster
+            .map(|c| RelayAddresses::parse_list(c.addresses.iter().map(String::as_str)))
+            .unwrap_or_default();
         ListenerSpec {
             name: listener.name.clone(),
-            protocol: listener.protocol,
-            relay: RelayAddresses::parse_list([listener.address.as_str()])
-                .or(env_relay)
-                .or_wildcard(),
+            protocol,
+            relay: configured.or(env_relay).or_wildcard(),
+            bind: listener.address.parse().ok(),
             port: listener.port,
-            realm: realm.to_owned(),
+            realm: config.auth.realm.clone(),
             tls: TlsMaterial {
                 digest: tls_digest(&listener.cert, &listener.key),
                 cert: listener.cert.as_str().into(),
@@ -71,7 +96,10 @@ impl ListenerSpec {
     ///
     /// This is the one rule for when a listener restarts (its sockets close and reopen, and
     /// its allocations end): when any field but the run differs. That is stunnerd's rule —
-    /// protocol, address, port, certificate or key, or the realm changed. The control plane
+    /// protocol, address, port, certificate or key, or the realm changed — and a change of its
+    /// relay addresses (v1's listener address; in v2 the relaying cluster's `addresses`,
+    /// which STUNner v2 applies without a restart: uturn's allocations keep the relay address
+    /// they were made with, so new ones can only get the new address from a new run). The control plane
     /// counts restarts with it ([`ListenerSpec::restarts_from`]) and carries runs with it
     /// ([`Snapshot::carry_listener_runs`]); the shards follow the runs.
     pub fn same_as(&self, other: &ListenerSpec) -> bool {
@@ -261,6 +289,9 @@ pub struct Snapshot {
     pub clusters: Vec<ClusterSpec>,
     /// `admin.user_quota`: allocations one user-id may hold at once; 0 means no quota.
     pub user_quota: u32,
+    /// Per-datagram admission checks the peer's port against the endpoints' port ranges (a
+    /// v1 config); a v2 config admits by IP only, as STUNner v2 does.
+    pub enforce_ports: bool,
     routes: Vec<Route>,
     /// The gateway's own addresses: the listeners' advertised (relay) addresses and the host's
     /// interface addresses (loopback aside, which its scope already guards); never a peer
@@ -318,13 +349,23 @@ impl Snapshot {
             .clusters
             .iter()
             .map(|cluster| {
-                let endpoints = match cluster.cluster_type {
-                    ClusterType::Static => cluster
-                        .endpoints
-                        .iter()
-                        .filter_map(|e| StaticEndpoint::parse(e).ok())
-                        .collect(),
-                    ClusterType::StrictDns | ClusterType::Kubernetes => discovered(cluster),
+                let endpoints = if cluster.routing_policy == RoutingPolicy::RoundRobin {
+                    // STUNner v2: a ROUND_ROBIN cluster routes flows, it admits no TURN peer.
+                    Vec::new()
+                } else {
+                    let mut endpoints: Vec<StaticEndpoint> = match cluster.cluster_type {
+                        ClusterType::Static | ClusterType::StrictDns => cluster
+                            .endpoints
+                            .iter()
+                            .filter_map(|e| match Endpoint::parse(e) {
+                                Ok(Endpoint::Ip(ip)) => Some(ip),
+                                _ => None,
+                            })
+                            .collect(),
+                        ClusterType::Kubernetes => Vec::new(),
+                    };
+                    endpoints.extend(discovered(cluster));
+                    endpoints
                 };
                 ClusterSpec {
                     name: cluster.name.clone(),
@@ -336,18 +377,21 @@ impl Snapshot {
         let mut routes = Vec::new();
         for listener in &config.listeners {
             listeners.push(ListenerSpec::from_config(
-                listener,
-                &config.auth.realm,
-                generation,
-                host.relay,
+                config, listener, generation, host.relay,
             ));
-            // Clusters named in routes but missing from the config are skipped, as stunnerd does.
+            // The clusters of the TURN server that serves the listener, in its order; ones
+            // missing from the config are skipped, as stunnerd does.
             routes.push(Route {
-                clusters: listener
-                    .routes
-                    .iter()
-                    .filter_map(|r| clusters.iter().position(|c| &c.name == r))
-                    .collect(),
+                clusters: config
+                    .turn_server(listener)
+                    .map(|server| {
+                        server
+                            .clusters
+                            .iter()
+                            .filter_map(|r| clusters.iter().position(|c| &c.name == r))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             });
         }
         // The host's loopback addresses are left to their scope rule: all of 127.0.0.0/8 is
@@ -372,6 +416,7 @@ impl Snapshot {
             listeners,
             clusters,
             user_quota: u32::try_from(config.admin.user_quota.max(0)).unwrap_or(u32::MAX),
+            enforce_ports: config.v1.is_some(),
             routes,
             own_ips,
         }
@@ -418,6 +463,7 @@ impl Snapshot {
 
     fn admitting(&self, route: &Route, ip: IpAddr, port: Option<u16>) -> Option<ClusterId> {
         let ip = crate::policy::canonical_peer(ip);
+        let port = port.filter(|_| self.enforce_ports);
         // The packet goes to the IPv6 address, through the IPv4 one: both must be reachable.
         if let Some(via) = crate::policy::tunnel_ipv4(ip) {
             self.admitting(route, IpAddr::V4(via), None)?;

@@ -17,11 +17,18 @@ fn with_env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     move |key| vars.get(key).cloned()
 }
 
-fn parse(text: &str) -> Result<StunnerConfig, ConfigError> {
-    parse_config_with_env(text, &no_env)
+/// The v1 document as validated (the model's conversion is tested in `v2_config.rs`).
+fn parse(text: &str) -> Result<v1::StunnerConfig, ConfigError> {
+    v1::parse_config_with_env(text, &no_env)
 }
 
-fn parse_ok(text: &str) -> StunnerConfig {
+/// The running model of a v1 or v2 document.
+fn model(text: &str) -> StunnerConfig {
+    parse_config_with_env(text, &no_env)
+        .unwrap_or_else(|e| panic!("config should parse: {e}\n{text}"))
+}
+
+fn parse_ok(text: &str) -> v1::StunnerConfig {
     match parse(text) {
         Ok(config) => config,
         Err(e) => panic!("config should parse: {e}\n{text}"),
@@ -108,7 +115,7 @@ fn reference_json_example_parses() {
   ]
 }}"#
     );
-    let config = parse_config_with_env(&text, &with_env(&[("STUNNER_ADDR", "10.1.2.3")]))
+    let config = v1::parse_config_with_env(&text, &with_env(&[("STUNNER_ADDR", "10.1.2.3")]))
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.auth.auth_type, AuthType::Ephemeral);
     assert_eq!(config.listeners[0].address, "10.1.2.3");
@@ -160,7 +167,7 @@ clusters:
     type: STRICT_DNS
     endpoints: ["media.default.svc.cluster.local"]
 "#;
-    let config = parse_config_with_env(text, &with_env(&[("STUNNER_ADDR", "::1")]))
+    let config = v1::parse_config_with_env(text, &with_env(&[("STUNNER_ADDR", "::1")]))
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.admin.loglevel, "all:INFO,turn:WARN");
     assert_eq!(config.auth.credentials["password"], "pa$$word");
@@ -331,7 +338,7 @@ listeners:
         ("HOME", "/root"),
         ("STUNNER_ADDR", "192.0.2.7"),
     ]);
-    let config = parse_config_with_env(text, &env).unwrap_or_else(|e| panic!("{e}"));
+    let config = v1::parse_config_with_env(text, &env).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.admin.name, "gw");
     assert_eq!(config.admin.loglevel, "all:TRACE");
     assert_eq!(config.auth.credentials["username"], "$USER");
@@ -349,10 +356,11 @@ fn credential_keys_are_literal_too() {
     let text = r#"{"version": "v1", "auth": {"type": "static", "realm": "r",
         "credentials": {"username": "u", "password": "p", "note$HOME": "n"}}, "listeners": [], "clusters": []}"#;
     let env = with_env(&[("HOME", "word")]);
-    let config = parse_config_with_env(text, &env).unwrap_or_else(|e| panic!("{e}"));
+    let config = v1::parse_config_with_env(text, &env).unwrap_or_else(|e| panic!("{e}"));
     let keys: Vec<&str> = config.auth.credentials.keys().map(String::as_str).collect();
     assert_eq!(keys, ["note$HOME", "password", "username"]);
-    let again = parse_config_with_env(&config.to_json(), &env).unwrap_or_else(|e| panic!("{e}"));
+    let again =
+        v1::parse_config_with_env(&config.to_json(), &env).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(again, config);
 }
 
@@ -386,7 +394,7 @@ fn stunner_port_defaults_from_public_port_or_3478() {
         (&[("STUNNER_PORT", "-1")], 3478),
     ];
     for (vars, want) in cases {
-        let config = parse_config_with_env(text, &with_env(vars))
+        let config = v1::parse_config_with_env(text, &with_env(vars))
             .unwrap_or_else(|e| panic!("{vars:?}: {e}"));
         assert_eq!(config.listeners[0].port, *want, "{vars:?}");
         assert_eq!(config.listeners[1].port, *want, "{vars:?}");
@@ -944,7 +952,7 @@ fn turn_uri_errors_name_turn_uri_and_hide_the_password() {
 fn turn_uri_builds_the_default_config() {
     let config = StunnerConfig::from_turn_uri("turn://user1:pa$s@127.0.0.1:3478?transport=udp")
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(config.version, "v1");
+    assert_eq!(config.source_version(), "v1");
     assert_eq!(config.admin.name, "default-stunnerd");
     assert_eq!(config.admin.loglevel, "all:INFO");
     assert_eq!(config.admin.healthcheck_endpoint.as_deref(), Some(""));
@@ -953,12 +961,20 @@ fn turn_uri_builds_the_default_config() {
     assert_eq!(config.auth.realm, "stunner.l7mp.io");
     assert_eq!(config.auth.credentials["username"], "user1");
     assert_eq!(config.auth.credentials["password"], "pa$s");
-    let listener = &config.listeners[0];
+    let doc = config.v1.as_deref().expect("built as v1");
+    let listener = &doc.listeners[0];
     assert_eq!(listener.name, "default-listener");
     assert_eq!(listener.protocol, ListenerProtocol::TurnUdp);
     assert_eq!(listener.address, "127.0.0.1");
     assert_eq!(listener.port, 3478);
     assert_eq!(listener.routes, ["allow-any"]);
+    // The model: the listener binds every address, its server relays through allow-any,
+    // which advertises the URI host.
+    assert_eq!(config.listeners[0].protocol, Transport::Udp);
+    assert_eq!(config.listeners[0].address, "");
+    assert_eq!(config.listeners[0].servers, ["default-listener"]);
+    assert_eq!(config.servers[0].clusters, ["allow-any"]);
+    assert_eq!(config.clusters[0].addresses, ["127.0.0.1"]);
     let cluster = &config.clusters[0];
     assert_eq!(cluster.name, "allow-any");
     assert_eq!(cluster.cluster_type, ClusterType::Static);
@@ -966,7 +982,7 @@ fn turn_uri_builds_the_default_config() {
     assert!(!config.is_zero());
 
     let tls = StunnerConfig::from_turn_uri("turns://u:p@10.0.0.1?transport=tcp").unwrap();
-    assert_eq!(tls.listeners[0].protocol, ListenerProtocol::TurnTls);
+    assert_eq!(tls.listeners[0].protocol, Transport::Tls);
     assert_eq!(tls.listeners[0].port, 443);
     assert!(
         tls.listeners[0].cert.is_empty(),
@@ -974,7 +990,7 @@ fn turn_uri_builds_the_default_config() {
     );
 
     let local = StunnerConfig::from_turn_uri("turn://u:p@localhost").unwrap();
-    assert_eq!(local.listeners[0].address, "127.0.0.1");
+    assert_eq!(local.clusters[0].addresses, ["127.0.0.1"]);
 
     let e = StunnerConfig::from_turn_uri("turn://u:secret@example.com:3478").unwrap_err();
     assert_eq!(e.field, "TURN-URI");
@@ -997,14 +1013,16 @@ fn zero_config_round_trips_and_is_zero() {
     assert!(zero.listeners.is_empty() && zero.clusters.is_empty());
     assert!(zero.is_zero());
 
-    let reparsed = parse_ok(&zero.to_json());
+    let reparsed = model(&zero.to_json());
     assert_eq!(reparsed, zero);
     assert!(reparsed.is_zero());
 
     // The literal stunnerd's CDS sends as a delete.
     let literal = r#"{"version":"v1","admin":{"name":"ns/gw"},"auth":{"type":"static","realm":"stunner.l7mp.io","credentials":{"username":"dummy-username","password":"dummy-password"}},"listeners":[],"clusters":[]}"#;
-    let deleted = parse_ok(literal);
+    let mut deleted = model(literal);
     assert!(deleted.is_zero());
+    assert_eq!(deleted.source_version(), "v1");
+    deleted.v1 = None;
     assert_eq!(deleted, StunnerConfig::zero("ns/gw"));
 
     // The log level is ignored; anything else makes it a real config.
@@ -1213,8 +1231,7 @@ fn peer_policy_refuses_special_scopes_and_own_addresses_unless_listed() {
              listeners: [{{name: l, address: 10.9.9.9, port: 3478, routes: [c]}}]\n\
              clusters: [{{name: c, endpoints: [{clusters}]}}]\n"
         );
-        let config = parse(&text).unwrap_or_else(|e| panic!("{e}"));
-        Snapshot::from_config(&config, 1, &|_| Vec::new())
+        Snapshot::from_config(&model(&text), 1, &|_| Vec::new())
     };
     let cases: &[(&str, &str, bool)] = &[
         // A catch-all admits global peers only.

@@ -4,17 +4,21 @@
 //! Input: `[mode: u8][UTF-8 text]`. Mode % 4: 0 = config with a fixed environment
 //! (`parse_config_with_env`, reproducible anywhere), 1 = config with the process environment
 //! (`parse_config`), 2 = TURN URI (`parse_turn_uri`, `StunnerConfig::from_turn_uri`),
-//! 3 = one endpoint per line (`StaticEndpoint`, `ServiceEndpoint`, `parse_http_endpoint`).
+//! 3 = one endpoint per line (v1's `StaticEndpoint` and `ServiceEndpoint`, v2's `Endpoint`
+//! and `ServiceEndpoint::parse_v2`, the v1 → v2 rewriting, `parse_http_endpoint`). Configs of
+//! both versions (v1 documents through the v1 → v2 conversion) go through modes 0 and 1.
 //!
 //! Checks: errors are returned, never panics; a parsed config validates again to itself;
-//! its JSON (`to_json`) parses back to the same config; the snapshot routes every listener, and
-//! whatever it admits lies in a routed cluster's endpoint and is permitted at permission time.
+//! its JSON (`to_json`, the document as written) parses back to the same config; the snapshot
+//! routes every listener, and whatever it admits lies in a cluster of the listener's TURN
+//! server and is permitted at permission time; a v1 endpoint rewritten to v2 names the same
+//! peers.
 
 use crate::input::Input;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use uturn_shared::config::{
-    parse_config, parse_config_with_env, parse_http_endpoint, parse_turn_uri, ServiceEndpoint,
-    StaticEndpoint, StunnerConfig,
+    parse_config, parse_config_with_env, parse_http_endpoint, parse_turn_uri, v1_endpoint_to_v2,
+    Endpoint, ServiceEndpoint, StaticEndpoint, StunnerConfig,
 };
 use uturn_shared::policy::{canonical_peer, in_prefix};
 use uturn_shared::snapshot::Snapshot;
@@ -67,7 +71,7 @@ fn turn_uri(text: &str) {
     if let Ok(cfg) = built {
         let uri = parsed.expect("from_turn_uri accepted a URI parse_turn_uri refuses");
         assert_eq!(cfg.listeners.len(), 1);
-        assert_eq!(cfg.listeners[0].protocol, uri.protocol);
+        assert_eq!(cfg.listener_protocol(&cfg.listeners[0]), Some(uri.protocol));
         assert_eq!(cfg.listeners[0].port, uri.port);
         // TLS/DTLS: the caller adds the certificate, so full validation would refuse it.
         check_config(&cfg, !uri.protocol.needs_cert());
@@ -98,6 +102,58 @@ fn endpoints(text: &str) {
         if let Ok(s) = ServiceEndpoint::parse(line) {
             assert!(!s.namespace.is_empty() && !s.name.is_empty());
             assert_eq!(ServiceEndpoint::parse(&service_text(&s)), Ok(s.clone()));
+        }
+        if let Ok(s) = ServiceEndpoint::parse_v2(line) {
+            assert!(
+                s.port_min >= 1 && s.port_min <= s.port_max,
+                "{line:?} -> {s:?}"
+            );
+        }
+        match Endpoint::parse(line) {
+            Ok(Endpoint::Ip(e)) => {
+                assert!(
+                    e.port_min >= 1 && e.port_min <= e.port_max,
+                    "{line:?} -> {e:?}"
+                );
+                assert_eq!(
+                    masked(e.addr, e.prefix_len),
+                    e.addr,
+                    "{line:?}: host bits set"
+                );
+            }
+            Ok(Endpoint::Domain {
+                host,
+                port_min,
+                port_max,
+            }) => {
+                assert!(
+                    !host.is_empty() && port_min >= 1 && port_min <= port_max,
+                    "{line:?}"
+                );
+            }
+            Err(e) => assert!(e.starts_with("invalid "), "{line:?}: {e}"),
+        }
+        // The v1 → v2 rewriting keeps the peers a v1 endpoint names (a lower bound of 0 reads
+        // as 1: no peer has port 0).
+        if let (Ok(v1), Ok(v2)) = (StaticEndpoint::parse(line), v1_endpoint_to_v2(line)) {
+            match Endpoint::parse(&v2) {
+                Ok(Endpoint::Ip(e)) => {
+                    assert_eq!(
+                        (e.addr, e.prefix_len),
+                        (v1.addr, v1.prefix_len),
+                        "{line:?} -> {v2:?}"
+                    );
+                    assert_eq!(
+                        (e.port_min, e.port_max),
+                        (v1.port_min.max(1), v1.port_max),
+                        "{line:?} -> {v2:?}"
+                    );
+                }
+                other => assert!(
+                    v1.port_min.max(1) > v1.port_max,
+                    "{line:?} -> {v2:?} -> {other:?}: an admitting v1 endpoint does not convert"
+                ),
+            }
         }
         let _ = parse_http_endpoint(line, 8080);
     }
@@ -211,11 +267,15 @@ fn check_snapshot(cfg: &StunnerConfig, snap: &Snapshot) {
                     .listeners
                     .iter()
                     .find(|x| x.name == l.name)
-                    .is_some_and(|x| x.routes.contains(&snap.clusters[c].name));
+                    .and_then(|x| cfg.turn_server(x))
+                    .is_some_and(|server| server.clusters.contains(&snap.clusters[c].name));
                 assert!(routed, "{ip}:{port} admitted by unrouted cluster {c}");
                 let peer = SocketAddr::new(canonical_peer(ip), port);
                 assert!(
-                    snap.clusters[c].endpoints.iter().any(|e| e.admits(peer)),
+                    snap.clusters[c]
+                        .endpoints
+                        .iter()
+                        .any(|e| e.admits_ip(peer.ip()) && (!snap.enforce_ports || e.admits(peer))),
                     "{ip}:{port} admitted by cluster {c} but none of its endpoints admits it"
                 );
             }

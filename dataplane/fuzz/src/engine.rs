@@ -359,14 +359,20 @@ impl Harness {
         let name = &self.snap.listeners[listener].name;
         let l = cfg.listeners.iter().find(|l| &l.name == name)?;
         let ip = canonical_peer(ip);
-        let own = cfg
+        let own = self
+            .snap
             .listeners
             .iter()
-            .filter_map(|l| l.address.parse::<IpAddr>().ok())
+            .flat_map(|l| l.relay.iter())
             .map(canonical_peer)
             .any(|a| !a.is_unspecified() && a == ip);
         let full = if ip.is_ipv4() { 32 } else { 128 };
-        for r in &l.routes {
+        let port = port.filter(|_| self.snap.enforce_ports);
+        let routes = cfg
+            .turn_server(l)
+            .map(|s| s.clusters.as_slice())
+            .unwrap_or_default();
+        for r in routes {
             let Some(c) = self.snap.clusters.iter().position(|c| &c.name == r) else {
                 continue;
             };

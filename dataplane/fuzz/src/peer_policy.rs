@@ -18,9 +18,7 @@ use crate::input::Input;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
 use uturn_shared::config::parse_config;
-use uturn_shared::policy::{
-    canonical_peer, endpoint_admits, in_prefix, scope, tunnel_ipv4, Scope,
-};
+use uturn_shared::policy::{canonical_peer, endpoint_admits, in_prefix, scope, tunnel_ipv4, Scope};
 use uturn_shared::snapshot::{ClusterId, Snapshot};
 
 /// The fixed config of the snapshot.

@@ -35,11 +35,11 @@ pub fn check_config(
 /// the listener would; the first that fails, named with its field and the fix.
 pub fn check_tls_material(config: &StunnerConfig) -> Result<(), String> {
     for (index, listener) in config.listeners.iter().enumerate() {
-        let built = match listener.protocol {
-            ListenerProtocol::TurnTls => {
+        let built = match config.listener_protocol(listener) {
+            Some(ListenerProtocol::TurnTls) => {
                 tls::server_config_from_base64(&listener.cert, &listener.key).map(drop)
             }
-            ListenerProtocol::TurnDtls => {
+            Some(ListenerProtocol::TurnDtls) => {
                 dtls::gate_from_base64(&listener.cert, &listener.key).map(drop)
             }
             _ => Ok(()),
@@ -103,13 +103,13 @@ fn settled_foreign_holders(protocol: PortProtocol, port: u16) -> std::io::Result
 /// whoever joined them later is not this config's doing.
 pub fn check_ports(running: &StunnerConfig, new: &StunnerConfig) -> Result<(), String> {
     let served = |protocol: PortProtocol, port: u16| {
-        running
-            .listeners
-            .iter()
-            .any(|l| PortProtocol::of(l.protocol) == Some(protocol) && l.port == port)
+        running.listeners.iter().any(|l| {
+            running.listener_protocol(l).and_then(PortProtocol::of) == Some(protocol)
+                && l.port == port
+        })
     };
     for (index, listener) in new.listeners.iter().enumerate() {
-        let Some(protocol) = PortProtocol::of(listener.protocol) else {
+        let Some(protocol) = new.listener_protocol(listener).and_then(PortProtocol::of) else {
             continue;
         };
         if served(protocol, listener.port) {

@@ -99,6 +99,8 @@ pub struct ShardReport {
     pub listeners: CountersByName,
     /// Per cluster name.
     pub clusters: CountersByName,
+    /// Live allocations by listener name.
+    pub listener_allocations: Vec<(String, u64)>,
     /// Datagrams dropped, by [`DropReason::index`] (oversized ones count as malformed).
     pub dropped: [u64; DropReason::ALL.len()],
     /// Requests rejected for their credentials (401 or 438 sent).

@@ -196,6 +196,22 @@ impl Engine {
         self.allocations.len()
     }
 
+    /// Live allocations on this shard by the name of the listener they were made on (once per
+    /// tick, for `/status`).
+    pub fn allocations_by_listener(&self) -> Vec<(String, u64)> {
+        let mut counts: Vec<(String, u64)> = Vec::new();
+        for alloc in self.allocations.iter() {
+            match counts
+                .iter_mut()
+                .find(|(name, _)| *name == alloc.listener_name)
+            {
+                Some((_, n)) => *n += 1,
+                None => counts.push((alloc.listener_name.clone(), 1)),
+            }
+        }
+        counts
+    }
+
     /// The counters of this shard.
     pub fn stats(&self) -> &EngineStats {
         &self.stats

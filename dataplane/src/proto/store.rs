@@ -257,6 +257,11 @@ impl AllocationStore {
         self.by_client.len()
     }
 
+    /// Every live allocation, once each.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Allocation> {
+        self.by_client.values().filter_map(|&slot| self.get(slot))
+    }
+
     /// Whether no allocation is live.
     pub(super) fn is_empty(&self) -> bool {
         self.by_client.is_empty()

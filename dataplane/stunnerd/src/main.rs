@@ -17,7 +17,7 @@ use uturn_dataplane::io::offload::{self, OffloadMode};
 use uturn_dataplane::io::{
     select_backend, usable_cpus, BackendChoice, Dataplane, DataplaneConfig, IoBackend,
 };
-use uturn_shared::config::StunnerConfig;
+use uturn_shared::config::{StunnerConfig, Transport};
 
 /// STUNner's stunnerd command line, flag for flag.
 #[derive(Parser, Debug)]
@@ -113,10 +113,76 @@ struct Cli {
     /// CDS port for -c k8s.
     #[arg(long = "cds-server-port", default_value_t = 13478)]
     cds_server_port: u16,
+    /// STUNner v2: on SIGTERM/SIGINT close everything and exit at once, without draining.
+    #[arg(long = "no-graceful-shutdown")]
+    no_graceful_shutdown: bool,
+    /// STUNner v2: license JSON ({"license_config":{"key":…,"hmac":…}} or {"key":…,"hmac":…});
+    /// it replaces admin.license_config in every config (uturn has no licensed features).
+    #[arg(long = "license", value_name = "JSON")]
+    license: Option<String>,
+    /// STUNner v2 tunnel mode only: SNI for a TLS/DTLS upstream (tunnel mode is refused).
+    #[arg(long = "sni")]
+    sni: Option<String>,
+    /// STUNner v2 tunnel mode only: accept a self-signed upstream (tunnel mode is refused).
+    #[arg(long = "insecure")]
+    insecure: bool,
     #[command(flatten)]
     kube: KubeFlags,
-    /// turn://user:pass@host:port?transport=udp: run a built-in default config.
-    turn_uri: Option<String>,
+    /// turn://user:pass@host:port?transport=udp: run a built-in default config. (STUNner v2's
+    /// tunnel mode, three arguments <client-addr> <turn-server-addr> <peer-addr>, is refused.)
+    #[arg(value_name = "TURN-URI")]
+    positional: Vec<String>,
+}
+
+impl Cli {
+    /// The TURN URI of the one-URI mode.
+    fn turn_uri(&self) -> Option<&String> {
+        match self.positional.as_slice() {
+            [uri] => Some(uri),
+            _ => None,
+        }
+    }
+
+    /// Refuses what the positional arguments ask for beyond a TURN URI: STUNner v2's tunnel
+    /// mode (three), or a count no mode takes.
+    fn check_positional(&self) -> Result<(), String> {
+        match self.positional.len() {
+            0 | 1 => Ok(()),
+            3 => Err(format!(
+                "tunnel mode ({} {} {}) is not supported: uturn is the TURN server; to reach a \
+                 peer through a TURN server from the command line use turncat (perf/), \
+                 e.g. turncat udp://127.0.0.1:5000 turn://user:pass@gateway:3478 udp://peer:9000",
+                self.positional[0], self.positional[1], self.positional[2]
+            )),
+            n => Err(format!(
+                "{n} positional arguments: give none (daemon), one TURN URI \
+                 (turn://user:pass@host:port?transport=udp), or see --help"
+            )),
+        }
+    }
+}
+
+/// `--license`: the JSON licensegen writes, `{"license_config":{"key":…,"hmac":…}}` or the bare
+/// `{"key":…,"hmac":…}`, both strings non-empty; the `license_config` value it gives.
+fn parse_license(json: &str) -> Result<serde_json::Value, String> {
+    let bad = || {
+        "invalid --license: expecting the JSON licensegen writes, \
+         {\"license_config\":{\"key\":\"…\",\"hmac\":\"…\"}} or {\"key\":\"…\",\"hmac\":\"…\"}, \
+         with both fields non-empty"
+            .to_owned()
+    };
+    let value: serde_json::Value = serde_json::from_str(json).map_err(|_| bad())?;
+    let inner = value.get("license_config").unwrap_or(&value);
+    let field = |key: &str| {
+        inner
+            .get(key)
+            .and_then(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+    };
+    match (field("key"), field("hmac")) {
+        (Some(key), Some(hmac)) => Ok(serde_json::json!({"key": key, "hmac": hmac})),
+        _ => Err(bad()),
+    }
 }
 
 /// `--io-engine`: which kernel interface the shards use for their sockets. (Not "engine" in
@@ -221,14 +287,26 @@ fn instance_id(cli: &Cli) -> String {
     format!("default/stunnerd-{host}")
 }
 
+/// The host of the TURN URI a config was built from (its v1 listener's address).
+fn uri_host(config: &StunnerConfig) -> String {
+    config
+        .v1
+        .as_ref()
+        .and_then(|v1| v1.listeners.first())
+        .map(|l| l.address.clone())
+        .unwrap_or_default()
+}
+
 /// Where the config comes from: the first one, and what to follow afterwards.
 fn initial_config(cli: &Cli, id: &str) -> Result<(StunnerConfig, Source, &'static str), String> {
-    if let Some(uri) = &cli.turn_uri {
+    if let Some(uri) = cli.turn_uri() {
         let mut config = StunnerConfig::from_turn_uri(uri).map_err(|e| e.to_string())?;
         // A TLS/DTLS listener from a TURN URI gets a fresh self-signed certificate.
+        let host = uri_host(&config);
         for listener in &mut config.listeners {
-            if listener.protocol.needs_cert() && listener.cert.is_empty() {
-                let (cert, key) = uturn_dataplane::io::tls::self_signed(&listener.address)?;
+            let tls = matches!(listener.protocol, Transport::Tls | Transport::Dtls);
+            if tls && listener.cert.is_empty() {
+                let (cert, key) = uturn_dataplane::io::tls::self_signed(&host)?;
                 listener.cert = base64::engine::general_purpose::STANDARD.encode(cert);
                 listener.key = base64::engine::general_purpose::STANDARD.encode(key);
             }
@@ -286,18 +364,36 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Err(e) = cli.check_positional() {
+        eprintln!("stunnerd: {e}");
+        return ExitCode::from(1);
+    }
+    let license = match cli.license.as_deref().map(parse_license).transpose() {
+        Ok(license) => license,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(1);
+        }
+    };
     let cli_log = cli
         .log
         .clone()
         .or_else(|| cli.verbose.then(|| "all:DEBUG".to_string()));
     let id = instance_id(&cli);
-    let (config, source, mode) = match initial_config(&cli, &id) {
+    // Applied to every config, the first and each one received later.
+    let rewrite = move |config: &mut StunnerConfig| {
+        if let Some(license) = &license {
+            config.admin.license_config = Some(license.clone());
+        }
+    };
+    let (mut config, source, mode) = match initial_config(&cli, &id) {
         Ok(initial) => initial,
         Err(e) => {
             eprintln!("stunnerd: {e}");
             return ExitCode::from(1);
         }
     };
+    rewrite(&mut config);
     let from_uri = mode == "TURN-URI";
     let log_spec = cli_log
         .clone()
@@ -323,7 +419,7 @@ fn main() -> ExitCode {
                 target: "stunnerd",
                 "TURN server on {}:{} ({}), realm {:?}: use username {:?} and the password \
                  from the TURN URI",
-                l.address,
+                uri_host(&config),
                 l.port,
                 l.protocol.as_str(),
                 config.auth.realm,
@@ -331,16 +427,8 @@ fn main() -> ExitCode {
             );
         }
     }
-    for l in &config.listeners {
-        if !l.protocol.as_str().starts_with("TURN-") {
-            tracing::warn!(
-                target: "stunnerd",
-                "listener {:?}: protocol {} is not served (as in stunnerd, only TURN-UDP, \
-                 TURN-TCP, TURN-TLS and TURN-DTLS are): use the TURN- form",
-                l.name,
-                l.protocol.as_str()
-            );
-        }
+    for warning in config.warnings() {
+        tracing::warn!(target: "stunnerd", "{warning}");
     }
     if config.listeners.is_empty() {
         tracing::warn!(target: "stunner", "Running with no listeners: gateway unreachable");
@@ -441,6 +529,7 @@ fn main() -> ExitCode {
     let stats = dataplane.stats_handle();
     let scrape_stats = dataplane.stats_handle();
     let status_stats = dataplane.stats_handle();
+    let session_stats = dataplane.stats_handle();
     let follow_loglevel = cli_log.is_none();
     let offload_flag_set = cli.offload.is_some();
     let offload_seen = std::sync::Mutex::new((
@@ -461,6 +550,22 @@ fn main() -> ExitCode {
                 .map(|s| s.allocations.load(std::sync::atomic::Ordering::Relaxed))
                 .sum()
         }),
+        listener_allocations: Arc::new(move || {
+            let mut total: Vec<(String, u64)> = Vec::new();
+            for shard in session_stats.iter() {
+                let Ok(report) = shard.report.lock() else {
+                    continue;
+                };
+                for (name, n) in &report.listener_allocations {
+                    match total.iter_mut().find(|(t, _)| t == name) {
+                        Some((_, sum)) => *sum += n,
+                        None => total.push((name.clone(), *n)),
+                    }
+                }
+            }
+            total
+        }),
+        rewrite: Box::new(rewrite),
         on_config: Box::new(move |config: &StunnerConfig| {
             let Ok(mut running) = running_loglevel.lock() else {
                 return;
@@ -532,6 +637,7 @@ fn main() -> ExitCode {
         &dataplane,
         &control,
         cli.drain_timeout.map(Duration::from_secs),
+        cli.no_graceful_shutdown,
     );
     ExitCode::SUCCESS
 }
@@ -564,13 +670,28 @@ fn next_signal(set: &libc::sigset_t, timeout: Duration) -> Option<i32> {
 /// Runs until SIGTERM or SIGINT, then drains as stunnerd does: the config loader stops,
 /// readiness fails (unless forced), every allocation keeps working, and the process exits once
 /// the last allocation is gone (or `drain_timeout` passes).
-fn run_until_drained(dataplane: &Dataplane, control: &Control, drain_timeout: Option<Duration>) {
+///
+/// With `--no-graceful-shutdown` (`immediate`) it exits at once instead, closing every socket.
+fn run_until_drained(
+    dataplane: &Dataplane,
+    control: &Control,
+    drain_timeout: Option<Duration>,
+    immediate: bool,
+) {
     let signals = SHUTDOWN_SIGNALS
         .get()
         .copied()
         .unwrap_or_else(block_shutdown_signals);
     const POLL: Duration = Duration::from_millis(250);
     while next_signal(&signals, Duration::from_secs(3600)).is_none() {}
+    if immediate {
+        tracing::info!(
+            target: "stunnerd",
+            "exiting with {} active connection(s): graceful shutdown is disabled",
+            dataplane.allocation_count()
+        );
+        return;
+    }
     tracing::info!(
         target: "stunnerd",
         "Commencing graceful shutdown with {} active connection(s)",

@@ -2,17 +2,10 @@
 
 use std::process::Command;
 use uturn_testkit::apiserver;
-use uturn_testkit::stunnerd::{free_port, temp_file, wait_until, Stunnerd};
+use uturn_testkit::stunnerd::{free_port, run_stunnerd, temp_file, wait_until, Stunnerd};
 
 fn stunnerd(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_stunnerd"))
-        .args(args)
-        .env_remove("STUNNER_CONFIG_ORIGIN")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.code().unwrap_or(-1), text)
+    run_stunnerd(args)
 }
 
 fn write(name: &str, text: &str) -> String {

@@ -533,7 +533,7 @@ fn cds_watch_applies_pushes_and_survives_a_server_restart() {
     assert!(
         cds.requests()
             .iter()
-            .any(|r| r == "/api/v1/configs/media/gw?node=node-1&watch=true"),
+            .any(|r| r == "/api/v1/configs/media/gw?label=node%3Dnode-1&node=node-1&watch=true"),
         "{:?}",
         cds.requests()
     );

@@ -3,8 +3,10 @@
 //! operator's body when unknown); with `watch=true` the request is a WebSocket on which the
 //! current config is pushed at once and again on every change, as a text frame; pings are
 //! answered with pongs. It records every request target, `Origin` header and ping payload.
+//! [`FakeCds::start_tls`] serves the same over TLS (an `https://` / `wss://` origin).
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,6 +33,21 @@ pub struct FakeCds {
 impl FakeCds {
     /// Starts on `addr` (port 0 for a free one).
     pub fn start(addr: &str) -> FakeCds {
+        FakeCds::start_with(addr, None)
+    }
+
+    /// Starts on `addr`, speaking TLS with the PEM certificate and key files given.
+    pub fn start_tls(addr: &str, cert: &std::path::Path, key: &std::path::Path) -> FakeCds {
+        use openssl::ssl::{SslAcceptor, SslFiletype, SslMethod};
+        let mut acceptor = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).unwrap();
+        acceptor.set_certificate_chain_file(cert).unwrap();
+        acceptor
+            .set_private_key_file(key, SslFiletype::PEM)
+            .unwrap();
+        FakeCds::start_with(addr, Some(Arc::new(acceptor.build())))
+    }
+
+    fn start_with(addr: &str, tls: Option<Arc<openssl::ssl::SslAcceptor>>) -> FakeCds {
         let listener = loop {
             match TcpListener::bind(addr) {
                 Ok(l) => break l,
@@ -47,9 +64,17 @@ impl FakeCds {
             while !stop2.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((stream, _)) => {
-                        let (state, stop) = (state2.clone(), stop2.clone());
+                        let (state, stop, tls) = (state2.clone(), stop2.clone(), tls.clone());
                         connections.push(std::thread::spawn(move || {
-                            let _ = serve(stream, &state, &stop);
+                            let _ = stream.set_nonblocking(false);
+                            let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
+                            let _ = match tls {
+                                None => serve(stream, &state, &stop),
+                                Some(acceptor) => match acceptor.accept(stream) {
+                                    Ok(stream) => serve(stream, &state, &stop),
+                                    Err(_) => Ok(()),
+                                },
+                            };
                         }));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
@@ -130,19 +155,62 @@ fn id_of(target: &str) -> Option<String> {
     Some(format!("{ns}/{name}"))
 }
 
-#[allow(clippy::result_large_err)] // the handshake callback type is tungstenite's
-fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
-    // Peek at the request line to tell a WebSocket watch from a plain GET.
-    let mut head = [0u8; 2048];
-    let n = loop {
-        let n = stream.peek(&mut head)?;
-        if n == 0 || head[..n].windows(4).any(|w| w == b"\r\n\r\n") || n == head.len() {
-            break n;
+/// A stream whose first bytes are `head` (already read off `inner`).
+struct Replay<S> {
+    head: Vec<u8>,
+    read: usize,
+    inner: S,
+}
+
+impl<S: Read> Read for Replay<S> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.read < self.head.len() {
+            let n = buf.len().min(self.head.len() - self.read);
+            buf[..n].copy_from_slice(&self.head[self.read..self.read + n]);
+            self.read += n;
+            return Ok(n);
         }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let text = String::from_utf8_lossy(&head[..n]).to_string();
+        self.inner.read(buf)
+    }
+}
+
+impl<S: Write> Write for Replay<S> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.inner.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Reads the request head (up to the blank line) off `stream`.
+fn read_head(stream: &mut impl Read, stop: &AtomicBool) -> std::io::Result<Vec<u8>> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+        match stream.read(&mut byte) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) => head.push(byte[0]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) && !stop.load(Ordering::Relaxed) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(head)
+}
+
+#[allow(clippy::result_large_err)] // the handshake callback type is tungstenite's
+fn serve<S: Read + Write>(
+    mut stream: S,
+    state: &Mutex<State>,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    // The request head tells a WebSocket watch from a plain GET.
+    let head = read_head(&mut stream, stop)?;
+    let text = String::from_utf8_lossy(&head).to_string();
     let target = text
         .lines()
         .next()
@@ -152,9 +220,6 @@ fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> std::io:
     state.lock().unwrap().requests.push(target.clone());
     let id = id_of(&target);
     if !target.contains("watch=true") {
-        let mut stream = stream;
-        let mut buf = vec![0u8; n];
-        std::io::Read::read_exact(&mut stream, &mut buf)?;
         let found = id
             .as_ref()
             .and_then(|id| state.lock().unwrap().configs.get(id)?.last().cloned());
@@ -172,8 +237,14 @@ fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> std::io:
             "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
-        return std::io::Write::write_all(&mut stream, response.as_bytes());
+        stream.write_all(response.as_bytes())?;
+        return stream.flush();
     }
+    let stream = Replay {
+        head,
+        read: 0,
+        inner: stream,
+    };
     let mut socket = tungstenite::accept_hdr(stream, |request: &Request, response: Response| {
         if let Some(origin) = request.headers().get("Origin") {
             state
@@ -185,9 +256,6 @@ fn serve(stream: TcpStream, state: &Mutex<State>, stop: &AtomicBool) -> std::io:
         Ok(response)
     })
     .map_err(|e| std::io::Error::other(e.to_string()))?;
-    socket
-        .get_mut()
-        .set_read_timeout(Some(Duration::from_millis(50)))?;
     let id = id.unwrap_or_default();
     // A new subscriber gets the current config, then every later one.
     let mut next = state

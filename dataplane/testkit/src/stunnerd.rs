@@ -33,6 +33,19 @@ pub fn stunnerd_binary() -> PathBuf {
     workspace_binary("stunnerd")
 }
 
+/// Runs `stunnerd ARGS` to its end (without `STUNNER_CONFIG_ORIGIN` from the environment):
+/// its exit code and its output, stdout then stderr.
+pub fn run_stunnerd(args: &[&str]) -> (i32, String) {
+    let out = Command::new(stunnerd_binary())
+        .args(args)
+        .env_remove("STUNNER_CONFIG_ORIGIN")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
 /// A port free for UDP and TCP that no other test in this process gets (see
 /// `uturn_perf::ports`: two stunnerds sharing a port by chance split one client's packets).
 pub use uturn_perf::ports::free_port;

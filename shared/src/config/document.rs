@@ -1,11 +1,11 @@
-//! From text to an unvalidated [`StunnerConfig`]: stunnerd's env substitution, YAML-or-JSON
-//! parsing, and Go `encoding/json`-style field lookup (case-insensitive keys, unknown keys
-//! ignored, `null` absent).
+//! From text to an unvalidated document: stunnerd's env substitution, YAML-or-JSON parsing,
+//! Go `encoding/json`-style field lookup (case-insensitive keys, unknown keys ignored, `null`
+//! absent), and the v1 reader (the v2 one is [`super::v2`]'s).
 
+use super::v1::{ClusterConfig, ListenerConfig, StunnerConfig};
 use super::{
-    AdminConfig, AuthConfig, AuthType, ClusterConfig, ClusterProtocol, ClusterType, ConfigError,
-    ListenerConfig, ListenerProtocol, StunnerConfig, API_VERSION, API_VERSION_V1ALPHA1,
-    DEFAULT_PORT,
+    AdminConfig, AuthConfig, AuthType, ClusterProtocol, ClusterType, ConfigError, ListenerProtocol,
+    API_VERSION, API_VERSION_V1, API_VERSION_V1ALPHA1, DEFAULT_PORT,
 };
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -93,6 +93,56 @@ fn shell_name(s: &str) -> (&str, usize) {
     (&s[..len], len)
 }
 
+/// A document read from `text`: `$VAR`s expanded with `env` (`STUNNER_PORT` defaulted), then
+/// parsed; with the `auth.credentials` as written before expansion (stunnerd#102: a `$` in a
+/// password survives).
+pub(super) fn read(
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Value, Option<BTreeMap<String, String>>), ConfigError> {
+    let env_with_port = |key: &str| {
+        if key == "STUNNER_PORT" {
+            Some(stunner_port(env))
+        } else {
+            env(key)
+        }
+    };
+    let expanded = expand_env(text, &env_with_port);
+    let raw_credentials = parse_document(text)
+        .ok()
+        .and_then(|raw| literal_credentials(&raw));
+    Ok((parse_document(&expanded)?, raw_credentials))
+}
+
+/// The document's `version` (empty when absent); an error if the document is not a mapping.
+pub(super) fn version(doc: &Value) -> Result<String, ConfigError> {
+    Ok(root(doc)?.string("version")?.unwrap_or_default())
+}
+
+/// The top-level section of a document (`null` reads as an empty one).
+pub(super) fn root(doc: &Value) -> Result<Section<'_>, ConfigError> {
+    static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
+    match doc {
+        Value::Null => Ok(Section {
+            map: EMPTY.get_or_init(Map::new),
+            path: String::new(),
+        }),
+        Value::Object(map) => Ok(Section {
+            map,
+            path: String::new(),
+        }),
+        other => Err(ConfigError::new(
+            "config",
+            render(other),
+            format!(
+                "the document must be a mapping with version, admin, auth, listeners, servers \
+                 and clusters, not {}",
+                type_name(other)
+            ),
+        )),
+    }
+}
+
 /// Parses a config document into a JSON value: JSON as JSON, anything else as YAML (as
 /// `sigs.k8s.io/yaml` callers in stunnerd do). JSON goes first because the YAML parser reads
 /// YAML 1.1, which folds U+0085 (NEL) inside quoted strings into line breaks: a JSON config's
@@ -145,7 +195,7 @@ pub(super) fn literal_credentials(doc: &Value) -> Option<BTreeMap<String, String
 
 /// Go `encoding/json` field lookup: keys match case-insensitively, `null` counts as absent, and
 /// of several matches the last wins. The map is in byte order, as `sigs.k8s.io/yaml` emits it.
-fn lookup<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+pub(super) fn lookup<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     map.iter()
         .rev()
         .find(|(k, v)| k.eq_ignore_ascii_case(key) && !v.is_null())
@@ -153,14 +203,14 @@ fn lookup<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
 }
 
 /// A value as shown in an error: strings as written, everything else as JSON.
-fn render(value: &Value) -> String {
+pub(super) fn render(value: &Value) -> String {
     match value {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
 }
 
-fn type_name(value: &Value) -> &'static str {
+pub(super) fn type_name(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -172,13 +222,13 @@ fn type_name(value: &Value) -> &'static str {
 }
 
 /// A JSON object being read, with the path it sits at.
-struct Section<'a> {
-    map: &'a Map<String, Value>,
-    path: String,
+pub(super) struct Section<'a> {
+    pub(super) map: &'a Map<String, Value>,
+    pub(super) path: String,
 }
 
 impl<'a> Section<'a> {
-    fn path_of(&self, key: &str) -> String {
+    pub(super) fn path_of(&self, key: &str) -> String {
         if self.path.is_empty() {
             key.to_owned()
         } else {
@@ -186,11 +236,11 @@ impl<'a> Section<'a> {
         }
     }
 
-    fn get(&self, key: &str) -> Option<&'a Value> {
+    pub(super) fn get(&self, key: &str) -> Option<&'a Value> {
         lookup(self.map, key)
     }
 
-    fn string(&self, key: &str) -> Result<Option<String>, ConfigError> {
+    pub(super) fn string(&self, key: &str) -> Result<Option<String>, ConfigError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -207,7 +257,7 @@ impl<'a> Section<'a> {
 
     /// An integer written as a number or, since `$STUNNER_PORT` may expand inside quotes, as
     /// a numeric string. An empty string is absent.
-    fn integer(&self, key: &str) -> Result<Option<i64>, ConfigError> {
+    pub(super) fn integer(&self, key: &str) -> Result<Option<i64>, ConfigError> {
         let bad = |value: &Value| {
             ConfigError::new(
                 self.path_of(key),
@@ -224,7 +274,21 @@ impl<'a> Section<'a> {
         }
     }
 
-    fn list(&self, key: &str) -> Result<&'a [Value], ConfigError> {
+    /// A listener port: 0 when absent (the default applies later), else 0-65535.
+    pub(super) fn port(&self, key: &str) -> Result<u16, ConfigError> {
+        match self.integer(key)? {
+            None => Ok(0),
+            Some(n) => u16::try_from(n).map_err(|_| {
+                ConfigError::new(
+                    self.path_of(key),
+                    n.to_string(),
+                    "must be 1-65535: set a valid port, or leave it out for 3478",
+                )
+            }),
+        }
+    }
+
+    pub(super) fn list(&self, key: &str) -> Result<&'a [Value], ConfigError> {
         match self.get(key) {
             None => Ok(&[]),
             Some(Value::Array(items)) => Ok(items),
@@ -239,7 +303,7 @@ impl<'a> Section<'a> {
         }
     }
 
-    fn strings(&self, key: &str) -> Result<Vec<String>, ConfigError> {
+    pub(super) fn strings(&self, key: &str) -> Result<Vec<String>, ConfigError> {
         self.list(key)?
             .iter()
             .enumerate()
@@ -257,7 +321,7 @@ impl<'a> Section<'a> {
             .collect()
     }
 
-    fn section(&self, key: &str) -> Result<Option<Section<'a>>, ConfigError> {
+    pub(super) fn section(&self, key: &str) -> Result<Option<Section<'a>>, ConfigError> {
         match self.get(key) {
             None => Ok(None),
             Some(value) => as_section(value, self.path_of(key)).map(Some),
@@ -265,7 +329,7 @@ impl<'a> Section<'a> {
     }
 }
 
-fn as_section(value: &Value, path: String) -> Result<Section<'_>, ConfigError> {
+pub(super) fn as_section(value: &Value, path: String) -> Result<Section<'_>, ConfigError> {
     match value {
         Value::Object(map) => Ok(Section { map, path }),
         other => Err(ConfigError::new(
@@ -279,52 +343,19 @@ fn as_section(value: &Value, path: String) -> Result<Section<'_>, ConfigError> {
     }
 }
 
-/// Reads a parsed document into an unvalidated config. `literal_credentials` (the credentials
-/// before env substitution) replace the substituted ones key by key.
-pub(super) fn config_from_document(
+/// Reads a parsed v1 document into an unvalidated v1 config. `literal_credentials` (the
+/// credentials before env substitution) replace the substituted ones key by key.
+pub(crate) fn v1_config_from_document(
     doc: &Value,
     literal_credentials: Option<&BTreeMap<String, String>>,
 ) -> Result<StunnerConfig, ConfigError> {
-    let empty = Map::new();
-    let root = match doc {
-        Value::Null => Section {
-            map: &empty,
-            path: String::new(),
-        },
-        Value::Object(map) => Section {
-            map,
-            path: String::new(),
-        },
-        other => {
-            return Err(ConfigError::new(
-                "config",
-                render(other),
-                format!(
-                    "the document must be a mapping with version, admin, auth, listeners and \
-                     clusters, not {}",
-                    type_name(other)
-                ),
-            ))
-        }
-    };
-
+    let root = root(doc)?;
     // The version picks the schema first; any other version is an empty config to stunnerd.
     let version = root.string("version")?.unwrap_or_default();
-    if version != API_VERSION && version != API_VERSION_V1ALPHA1 {
+    if version != API_VERSION_V1 && version != API_VERSION_V1ALPHA1 {
         return Err(unsupported_version(&version));
     }
-
-    let admin = match root.section("admin")? {
-        Some(section) => admin_from(&section)?,
-        None => AdminConfig::default(),
-    };
-    let auth = match root.section("auth")? {
-        Some(section) => auth_from(&section, literal_credentials)?,
-        None => AuthConfig {
-            credentials: literal_credentials.cloned().unwrap_or_default(),
-            ..AuthConfig::default()
-        },
-    };
+    let (admin, auth) = admin_and_auth(&root, literal_credentials)?;
     let listeners = root
         .list("listeners")?
         .iter()
@@ -340,7 +371,7 @@ pub(super) fn config_from_document(
 
     Ok(StunnerConfig {
         // v1alpha1 has the same fields as far as stunnerd is concerned; the rest is dropped.
-        version: API_VERSION.to_owned(),
+        version: API_VERSION_V1.to_owned(),
         admin,
         auth,
         listeners,
@@ -352,8 +383,30 @@ pub(super) fn unsupported_version(version: &str) -> ConfigError {
     ConfigError::new(
         "version",
         version,
-        format!("unsupported API version: set version to \"{API_VERSION}\" (or \"{API_VERSION_V1ALPHA1}\")"),
+        format!(
+            "unsupported API version: set version to \"{API_VERSION}\" or \"{API_VERSION_V1}\" \
+             (or the older \"{API_VERSION_V1ALPHA1}\")"
+        ),
     )
+}
+
+/// The `admin` and `auth` sections, the same in both versions.
+pub(super) fn admin_and_auth(
+    root: &Section<'_>,
+    literal_credentials: Option<&BTreeMap<String, String>>,
+) -> Result<(AdminConfig, AuthConfig), ConfigError> {
+    let admin = match root.section("admin")? {
+        Some(section) => admin_from(&section)?,
+        None => AdminConfig::default(),
+    };
+    let auth = match root.section("auth")? {
+        Some(section) => auth_from(&section, literal_credentials)?,
+        None => AuthConfig {
+            credentials: literal_credentials.cloned().unwrap_or_default(),
+            ..AuthConfig::default()
+        },
+    };
+    Ok((admin, auth))
 }
 
 fn admin_from(section: &Section<'_>) -> Result<AdminConfig, ConfigError> {
@@ -422,6 +475,7 @@ fn auth_from(
         auth_type,
         realm: section.string("realm")?.unwrap_or_default(),
         credentials,
+        lifetime: section.string("lifetime")?.unwrap_or_default(),
     })
 }
 
@@ -436,16 +490,7 @@ fn listener_from(section: &Section<'_>) -> Result<ListenerConfig, ConfigError> {
             )
         })?,
     };
-    let port = match section.integer("port")? {
-        None => 0,
-        Some(n) => u16::try_from(n).map_err(|_| {
-            ConfigError::new(
-                section.path_of("port"),
-                n.to_string(),
-                "must be 1-65535: set a valid port, or leave it out for 3478",
-            )
-        })?,
-    };
+    let port = section.port("port")?;
     Ok(ListenerConfig {
         name: section.string("name")?.unwrap_or_default(),
         protocol,

@@ -1,5 +1,6 @@
-//! Address forms inside a config: STATIC cluster endpoints (`IP[/len][:<min-max>]`) and the
-//! admin HTTP endpoints (`http://addr:port/path`).
+//! Address forms inside a config: cluster endpoints (STUNner v2's `IP[/len][:port[-port]]`,
+//! `[IPv6[/len]]:port`, domains; v1's `IP[/len][:<min-max>]`, which the v1 converter rewrites)
+//! and the admin HTTP endpoints (`http://addr:port/path`).
 
 use serde::Serialize;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -33,6 +34,24 @@ impl StaticEndpoint {
         let ip: IpAddr = ip_text.parse().map_err(|_| {
             format!("invalid endpoint {s:?}: {ip_text:?} is not an IP address; {ENDPOINT_FORMS}")
         })?;
+        let (port_min, port_max) = ports.unwrap_or((1, u16::MAX));
+        StaticEndpoint::of_prefix(ip, len_text, port_min, port_max).map_err(|max_len| {
+            format!(
+                "invalid endpoint {s:?}: prefix length {:?} must be 0-{max_len}; \
+                 {ENDPOINT_FORMS}",
+                len_text.unwrap_or_default()
+            )
+        })
+    }
+
+    /// The endpoint of `ip` with prefix length `len_text` (none: the whole address), its host
+    /// bits cleared; the longest valid length if `len_text` is not one.
+    fn of_prefix(
+        ip: IpAddr,
+        len_text: Option<&str>,
+        port_min: u16,
+        port_max: u16,
+    ) -> Result<StaticEndpoint, u8> {
         let max_len = if ip.is_ipv4() { 32 } else { 128 };
         let prefix_len = match len_text {
             None => max_len,
@@ -40,15 +59,9 @@ impl StaticEndpoint {
                 .parse::<u8>()
                 .ok()
                 .filter(|n| len.bytes().all(|b| b.is_ascii_digit()) && *n <= max_len)
-                .ok_or_else(|| {
-                    format!(
-                        "invalid endpoint {s:?}: prefix length {len:?} must be 0-{max_len}; \
-                         {ENDPOINT_FORMS}"
-                    )
-                })?,
+                .ok_or(max_len)?,
         };
         let (ip, prefix_len) = canonical_prefix(ip, prefix_len);
-        let (port_min, port_max) = ports.unwrap_or((1, u16::MAX));
         Ok(StaticEndpoint {
             addr: masked(ip, prefix_len),
             prefix_len,
@@ -75,6 +88,163 @@ impl StaticEndpoint {
     pub fn admits(&self, peer: SocketAddr) -> bool {
         self.admits_ip(peer.ip()) && self.admits_port(peer.port())
     }
+}
+
+/// A cluster endpoint as the running config writes it (STUNner v2's syntax): an IP or a
+/// prefix, or a domain name, each with an optional port or port range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// An IP or prefix with the ports it names (1-65535 when none).
+    Ip(StaticEndpoint),
+    /// A domain name, resolved by the control plane, with the ports it names.
+    Domain {
+        /// The name to resolve.
+        host: String,
+        /// Lowest port named.
+        port_min: u16,
+        /// Highest port named.
+        port_max: u16,
+    },
+}
+
+const V2_FORMS: &str = "write an IP (10.0.0.1, 2001:db8::7), a prefix (10.0.0.0/16, fd00::/64) \
+                        or a domain (media.default.svc), optionally with a port or a port \
+                        range (10.0.0.1:5000, 10.0.0.0/16:5000-6000, [fd00::/64]:5000-6000)";
+
+impl Endpoint {
+    /// Parses an endpoint of the v2 syntax: `host[:port[-port]]` where the host is an IP, an
+    /// IP prefix or a domain, and an IPv6 host with a port is written in brackets
+    /// (`[2001:db8::/32]:5000-6000`); an IPv6 host without a port needs none.
+    pub fn parse(s: &str) -> Result<Endpoint, String> {
+        let invalid = || format!("invalid endpoint {s:?}: {V2_FORMS}");
+        if s.contains("://") {
+            return Err(invalid());
+        }
+        let (host, ports) = split_v2_port(s).ok_or_else(invalid)?;
+        if host.is_empty() {
+            return Err(format!("invalid endpoint {s:?}: empty host; {V2_FORMS}"));
+        }
+        let (port_min, port_max) = match ports {
+            None => (1, u16::MAX),
+            Some(ports) => parse_v2_ports(s, ports)?,
+        };
+        let (ip_text, len_text) = match host.split_once('/') {
+            Some((ip, len)) => (ip, Some(len)),
+            None => (host, None),
+        };
+        let Ok(ip) = ip_text.parse::<IpAddr>() else {
+            if len_text.is_none() && is_domain(host) {
+                return Ok(Endpoint::Domain {
+                    host: host.to_owned(),
+                    port_min,
+                    port_max,
+                });
+            }
+            return Err(invalid());
+        };
+        StaticEndpoint::of_prefix(ip, len_text, port_min, port_max)
+            .map(Endpoint::Ip)
+            .map_err(|_| invalid())
+    }
+
+    /// Whether the endpoint names ports narrower than every port.
+    pub fn restricts_ports(&self) -> bool {
+        let (min, max) = match self {
+            Endpoint::Ip(e) => (e.port_min, e.port_max),
+            Endpoint::Domain {
+                port_min, port_max, ..
+            } => (*port_min, *port_max),
+        };
+        (min, max) != (1, u16::MAX)
+    }
+}
+
+/// Splits `host[:ports]`: `[host]:ports` or `[host]`, else a single `:` separates the ports
+/// (more than one is a bare IPv6 host). `None` when the brackets are malformed.
+fn split_v2_port(s: &str) -> Option<(&str, Option<&str>)> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']')?;
+        return match after {
+            "" => Some((inside, None)),
+            _ => Some((inside, Some(after.strip_prefix(':')?))),
+        };
+    }
+    match s.matches(':').count() {
+        1 => s.split_once(':').map(|(host, ports)| (host, Some(ports))),
+        _ => Some((s, None)),
+    }
+}
+
+/// `port` or `min-max`, each 1-65535 and `min <= max`.
+fn parse_v2_ports(s: &str, ports: &str) -> Result<(u16, u16), String> {
+    let number = |t: &str| {
+        t.parse::<u32>()
+            .ok()
+            .filter(|_| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let bad_port = || format!("invalid port in endpoint {s:?}: a port is 1-65535; {V2_FORMS}");
+    match ports.split_once('-') {
+        None => {
+            let port = number(ports)
+                .and_then(|n| u16::try_from(n).ok())
+                .filter(|&n| n > 0)
+                .ok_or_else(bad_port)?;
+            Ok((port, port))
+        }
+        Some((low, high)) => {
+            let low = number(low)
+                .and_then(|n| u16::try_from(n).ok())
+                .filter(|&n| n > 0)
+                .ok_or_else(bad_port)?;
+            let high = number(high)
+                .and_then(|n| u16::try_from(n).ok())
+                .filter(|&n| n >= low)
+                .ok_or_else(|| {
+                    format!(
+                        "invalid port range in endpoint {s:?}: write MIN-MAX with \
+                         1 <= MIN <= MAX <= 65535"
+                    )
+                })?;
+            Ok((low, high))
+        }
+    }
+}
+
+/// A DNS name: dot-separated labels of letters, digits, `-` and `_`.
+fn is_domain(host: &str) -> bool {
+    host.len() <= 253
+        && host.trim_end_matches('.').split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+/// Rewrites a v1 endpoint (`X:<a-b>`) into the v2 syntax as STUNner v2's converter does:
+/// `X:<a-b>` → `X:a-b`, `X:<p-p>` → `X:p`, `X:<1-65535>` → `X`, an IPv6 host with a port in
+/// brackets. v1 read a lower bound of 0 as 0 and an upper bound over 65535 as 65535; as no
+/// peer has port 0, those become 1 and 65535.
+pub fn v1_endpoint_to_v2(s: &str) -> Result<String, String> {
+    let (host, ports) = split_port_range(s)?;
+    let Some((low, high)) = ports else {
+        return Ok(host.to_owned());
+    };
+    let low = low.max(1);
+    if (low, high) == (1, u16::MAX) {
+        return Ok(host.to_owned());
+    }
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    };
+    Ok(if low == high {
+        format!("{host}:{low}")
+    } else {
+        format!("{host}:{low}-{high}")
+    })
 }
 
 /// A KUBERNETES cluster endpoint: a Service, `<namespace>/<service>[:<min-max>]`.
@@ -125,6 +295,21 @@ impl ServiceEndpoint {
             port_min,
             port_max,
         })
+    }
+
+    /// Parses `<namespace>/<service>[:port[-port]]` (the v2 syntax of [`Endpoint::parse`]).
+    pub fn parse_v2(s: &str) -> Result<Self, String> {
+        let (service, ports) = match s.split_once(':') {
+            Some((service, ports)) => (service, Some(parse_v2_ports(s, ports)?)),
+            None => (s, None),
+        };
+        let mut endpoint = ServiceEndpoint::parse(service)
+            .map_err(|why| why.replace(":<10000-20000>", ":10000-20000"))?;
+        if let Some((low, high)) = ports {
+            endpoint.port_min = low;
+            endpoint.port_max = high;
+        }
+        Ok(endpoint)
     }
 
     /// `<namespace>/<service>`.

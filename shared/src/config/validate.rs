@@ -1,12 +1,14 @@
-//! `StunnerConfig::validate`: stunnerd's defaults, normalization and checks, in stunnerd's
-//! order (version, admin, auth, listeners, clusters); the first problem is returned.
+//! v1's `StunnerConfig::validate`: stunnerd's defaults, normalization and checks, in
+//! stunnerd's order (version, admin, auth, listeners, clusters); the first problem is returned.
+//! The `admin` and `auth` rules are shared with v2 ([`validate_admin`], [`validate_auth`]).
 
 use super::document::unsupported_version;
+use super::v1::StunnerConfig;
 use super::{
-    parse_http_endpoint, AuthType, ClusterType, ConfigError, ServiceEndpoint, StaticEndpoint,
-    StunnerConfig, API_VERSION, API_VERSION_V1ALPHA1, DEFAULT_HEALTHCHECK_ENDPOINT,
-    DEFAULT_HEALTHCHECK_PORT, DEFAULT_LISTENER_ADDRESS, DEFAULT_LOG_LEVEL, DEFAULT_METRICS_PORT,
-    DEFAULT_PORT, DEFAULT_REALM, DEFAULT_STUNNERD_NAME,
+    parse_http_endpoint, AdminConfig, AuthConfig, AuthType, ClusterType, ConfigError,
+    ServiceEndpoint, StaticEndpoint, API_VERSION_V1, API_VERSION_V1ALPHA1,
+    DEFAULT_HEALTHCHECK_ENDPOINT, DEFAULT_HEALTHCHECK_PORT, DEFAULT_LISTENER_ADDRESS,
+    DEFAULT_LOG_LEVEL, DEFAULT_METRICS_PORT, DEFAULT_PORT, DEFAULT_REALM, DEFAULT_STUNNERD_NAME,
 };
 use base64::Engine as _;
 use std::collections::HashMap;
@@ -24,102 +26,15 @@ impl StunnerConfig {
     /// (the TURN-URI config, whose certificate the caller generates).
     pub(super) fn validate_with(&mut self, require_cert: bool) -> Result<(), ConfigError> {
         if self.version == API_VERSION_V1ALPHA1 {
-            self.version = API_VERSION.to_owned();
+            self.version = API_VERSION_V1.to_owned();
         }
-        if self.version != API_VERSION {
+        if self.version != API_VERSION_V1 {
             return Err(unsupported_version(&self.version));
         }
-        self.validate_admin()?;
-        self.validate_auth()?;
+        validate_admin(&mut self.admin)?;
+        validate_auth(&mut self.auth, true)?;
         self.validate_listeners(require_cert)?;
         self.validate_clusters()
-    }
-
-    fn validate_admin(&mut self) -> Result<(), ConfigError> {
-        let admin = &mut self.admin;
-        if admin.name.is_empty() {
-            admin.name = DEFAULT_STUNNERD_NAME.to_owned();
-        }
-        if admin.loglevel.is_empty() {
-            admin.loglevel = DEFAULT_LOG_LEVEL.to_owned();
-        }
-        if !admin.metrics_endpoint.is_empty() {
-            parse_http_endpoint(&admin.metrics_endpoint, DEFAULT_METRICS_PORT).map_err(|why| {
-                ConfigError::new(
-                    "admin.metrics_endpoint",
-                    admin.metrics_endpoint.as_str(),
-                    format!("{why} (leave it empty to run no metrics server)"),
-                )
-            })?;
-        }
-        match &admin.healthcheck_endpoint {
-            None => admin.healthcheck_endpoint = Some(DEFAULT_HEALTHCHECK_ENDPOINT.to_owned()),
-            Some(url) if url.is_empty() => {}
-            Some(url) => {
-                parse_http_endpoint(url, DEFAULT_HEALTHCHECK_PORT).map_err(|why| {
-                    ConfigError::new(
-                        "admin.healthcheck_endpoint",
-                        url.as_str(),
-                        format!("{why} (set it to \"\" to disable health checks)"),
-                    )
-                })?;
-            }
-        }
-        if admin.user_quota < 0 {
-            admin.user_quota = 0;
-        }
-        if admin.offload_engine.is_empty() {
-            admin.offload_engine = OFFLOAD_ENGINES[0].to_owned();
-        }
-        match OFFLOAD_ENGINES
-            .iter()
-            .find(|engine| engine.eq_ignore_ascii_case(&admin.offload_engine))
-        {
-            Some(engine) => admin.offload_engine = (*engine).to_owned(),
-            None => {
-                return Err(ConfigError::new(
-                    "admin.offload_engine",
-                    admin.offload_engine.as_str(),
-                    "unknown offload mode: use None, XDP, TC or Auto",
-                ))
-            }
-        }
-        admin.offload_interfaces.sort();
-        Ok(())
-    }
-
-    fn validate_auth(&mut self) -> Result<(), ConfigError> {
-        let auth = &mut self.auth;
-        let missing = |key: &str, message: &str| {
-            ConfigError::new(format!("auth.credentials.{key}"), "", message)
-        };
-        match auth.auth_type {
-            AuthType::Static => {
-                for key in ["username", "password"] {
-                    if !auth.credentials.contains_key(key) {
-                        return Err(missing(
-                            key,
-                            "static: empty username or password: static auth needs both the \
-                             username and the password key under auth.credentials",
-                        ));
-                    }
-                }
-            }
-            AuthType::Ephemeral => {
-                if !auth.credentials.contains_key("secret") {
-                    return Err(missing(
-                        "secret",
-                        "no secret found in ephemeral auth config: set the shared secret as \
-                         auth.credentials.secret",
-                    ));
-                }
-            }
-            AuthType::None => {}
-        }
-        if auth.realm.is_empty() {
-            auth.realm = DEFAULT_REALM.to_owned();
-        }
-        Ok(())
     }
 
     fn validate_listeners(&mut self, require_cert: bool) -> Result<(), ConfigError> {
@@ -245,20 +160,16 @@ impl StunnerConfig {
                     ),
                 ));
             }
-            for (j, endpoint) in cluster.endpoints.iter().enumerate() {
-                let checked = match cluster.cluster_type {
+            check_endpoints(
+                i,
+                cluster.cluster_type,
+                &cluster.endpoints,
+                |cluster_type, endpoint| match cluster_type {
                     ClusterType::Static => StaticEndpoint::parse(endpoint).map(drop),
                     ClusterType::Kubernetes => ServiceEndpoint::parse(endpoint).map(drop),
                     ClusterType::StrictDns => Ok(()),
-                };
-                checked.map_err(|why| {
-                    ConfigError::new(
-                        format!("clusters[{i}].endpoints[{j}]"),
-                        endpoint.as_str(),
-                        why,
-                    )
-                })?;
-            }
+                },
+            )?;
             cluster.endpoints.sort();
         }
         Ok(())
@@ -267,7 +178,7 @@ impl StunnerConfig {
 
 /// Checks a TLS listener's `cert` or `key`: non-empty, std base64 (line breaks ignored, as Go
 /// does), decoding to PEM. On failure gives the value to show (never key material) and why.
-fn check_pem(
+pub(super) fn check_pem(
     encoded: &str,
     pem_label: &str,
     protocol: &str,
@@ -327,6 +238,163 @@ fn check_pem(
                  -----BEGIN ...{pem_label}----- block inside the base64"
             ),
         ));
+    }
+    Ok(())
+}
+
+/// `admin`'s defaults and checks (both versions).
+pub(super) fn validate_admin(admin: &mut AdminConfig) -> Result<(), ConfigError> {
+    if admin.name.is_empty() {
+        admin.name = DEFAULT_STUNNERD_NAME.to_owned();
+    }
+    if admin.loglevel.is_empty() {
+        admin.loglevel = DEFAULT_LOG_LEVEL.to_owned();
+    }
+    if !admin.metrics_endpoint.is_empty() {
+        parse_http_endpoint(&admin.metrics_endpoint, DEFAULT_METRICS_PORT).map_err(|why| {
+            ConfigError::new(
+                "admin.metrics_endpoint",
+                admin.metrics_endpoint.as_str(),
+                format!("{why} (leave it empty to run no metrics server)"),
+            )
+        })?;
+    }
+    match &admin.healthcheck_endpoint {
+        None => admin.healthcheck_endpoint = Some(DEFAULT_HEALTHCHECK_ENDPOINT.to_owned()),
+        Some(url) if url.is_empty() => {}
+        Some(url) => {
+            parse_http_endpoint(url, DEFAULT_HEALTHCHECK_PORT).map_err(|why| {
+                ConfigError::new(
+                    "admin.healthcheck_endpoint",
+                    url.as_str(),
+                    format!("{why} (set it to \"\" to disable health checks)"),
+                )
+            })?;
+        }
+    }
+    if admin.user_quota < 0 {
+        admin.user_quota = 0;
+    }
+    if admin.offload_engine.is_empty() {
+        admin.offload_engine = OFFLOAD_ENGINES[0].to_owned();
+    }
+    match OFFLOAD_ENGINES
+        .iter()
+        .find(|engine| engine.eq_ignore_ascii_case(&admin.offload_engine))
+    {
+        Some(engine) => admin.offload_engine = (*engine).to_owned(),
+        None => {
+            return Err(ConfigError::new(
+                "admin.offload_engine",
+                admin.offload_engine.as_str(),
+                "unknown offload mode: use None, XDP, TC or Auto",
+            ))
+        }
+    }
+    admin.offload_interfaces.sort();
+    Ok(())
+}
+
+/// `auth`'s defaults and checks; v1 requires the credentials its type needs
+/// (`require_credentials`), v2 lets them be missing (every client is then refused).
+pub(super) fn validate_auth(
+    auth: &mut AuthConfig,
+    require_credentials: bool,
+) -> Result<(), ConfigError> {
+    let missing =
+        |key: &str, message: &str| ConfigError::new(format!("auth.credentials.{key}"), "", message);
+    match auth.auth_type {
+        _ if !require_credentials => {}
+        AuthType::Static => {
+            for key in ["username", "password"] {
+                if !auth.credentials.contains_key(key) {
+                    return Err(missing(
+                        key,
+                        "static: empty username or password: static auth needs both the \
+                         username and the password key under auth.credentials",
+                    ));
+                }
+            }
+        }
+        AuthType::Ephemeral => {
+            if !auth.credentials.contains_key("secret") {
+                return Err(missing(
+                    "secret",
+                    "no secret found in ephemeral auth config: set the shared secret as \
+                     auth.credentials.secret",
+                ));
+            }
+        }
+        AuthType::None => {}
+    }
+    if auth.realm.is_empty() {
+        auth.realm = DEFAULT_REALM.to_owned();
+    }
+    if !auth.lifetime.is_empty() && go_duration(&auth.lifetime).is_none() {
+        return Err(ConfigError::new(
+            "auth.lifetime",
+            auth.lifetime.as_str(),
+            "invalid credential lifetime: write a duration such as 1h, 30m or 1h30m",
+        ));
+    }
+    Ok(())
+}
+
+/// A Go `time.ParseDuration` value (`1h`, `1.5h`, `1h30m`, `300ms`, `-2s`), in seconds.
+pub(super) fn go_duration(text: &str) -> Option<f64> {
+    let (sign, mut rest) = match text.strip_prefix('-') {
+        Some(rest) => (-1.0, rest),
+        None => (1.0, text.strip_prefix('+').unwrap_or(text)),
+    };
+    if rest == "0" {
+        return Some(0.0);
+    }
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0.0;
+    while !rest.is_empty() {
+        let number_len = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_digit() || *b == b'.')
+            .count();
+        let number: f64 = rest[..number_len].parse().ok()?;
+        rest = &rest[number_len..];
+        let unit_len = rest
+            .bytes()
+            .take_while(|b| !b.is_ascii_digit() && *b != b'.')
+            .count();
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += number * scale;
+    }
+    Some(sign * total)
+}
+
+/// Checks each endpoint of cluster `index` (of type `cluster_type`) with `parse`; the first
+/// that fails, named by its field.
+pub(super) fn check_endpoints(
+    index: usize,
+    cluster_type: ClusterType,
+    endpoints: &[String],
+    parse: impl Fn(ClusterType, &str) -> Result<(), String>,
+) -> Result<(), ConfigError> {
+    for (j, endpoint) in endpoints.iter().enumerate() {
+        parse(cluster_type, endpoint).map_err(|why| {
+            ConfigError::new(
+                format!("clusters[{index}].endpoints[{j}]"),
+                endpoint.as_str(),
+                why,
+            )
+        })?;
     }
     Ok(())
 }

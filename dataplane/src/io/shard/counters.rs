@@ -120,6 +120,7 @@ impl Counters {
         let mut report = ShardReport {
             listeners: self.listeners.clone(),
             clusters: self.clusters.clone(),
+            listener_allocations: engine.allocations_by_listener(),
             dropped: engine_stats.dropped,
             auth_failed: engine_stats.auth_failures,
             quota_refused: engine_stats.quota_refusals,
