@@ -60,10 +60,32 @@ fn got(d: &TurnClient, data: &[u8]) -> bool {
     d.received.iter().any(|(_, p)| p == data)
 }
 
+/// [`kubernetes_config`] as a STUNner v2 document.
+fn kubernetes_config_v2(turn: u16, health: u16, service: &str) -> String {
+    format!(
+        "version: v2\nadmin: {{name: media/gw, healthcheck_endpoint: \"http://127.0.0.1:{health}\"}}\n\
+         auth: {{type: static, credentials: {{username: alice, password: s3cret}}}}\n\
+         listeners: [{{name: udp, port: {turn}, servers: [turn]}}]\n\
+         servers: [{{name: turn, clusters: [media]}}]\n\
+         clusters: [{{name: media, type: KUBERNETES, protocol: UDP, endpoints: [\"{service}\"], \
+         addresses: [127.0.0.1]}}]\n"
+    )
+}
+
 /// The first field report: a media pod that starts draining keeps its calls, and only when
 /// its endpoint is finally gone does the gateway refuse it.
 #[test]
 fn terminating_endpoint_keeps_relaying_until_it_is_deleted() {
+    terminating_endpoint_scenario(kubernetes_config);
+}
+
+/// The same with a STUNner v2 config: terminating endpoints and the peer policy apply alike.
+#[test]
+fn terminating_endpoint_keeps_relaying_until_it_is_deleted_v2() {
+    terminating_endpoint_scenario(kubernetes_config_v2);
+}
+
+fn terminating_endpoint_scenario(config_of: fn(u16, u16, &str) -> String) {
     let api = FakeApiServer::start();
     api.apply(
         Resource::Service,
@@ -80,11 +102,7 @@ fn terminating_endpoint_keeps_relaying_until_it_is_deleted() {
     );
     let (turn, health) = (free_port(), free_port());
     let config = temp_file("seed.yaml");
-    std::fs::write(
-        &config,
-        kubernetes_config(turn, health, "media/media-server"),
-    )
-    .unwrap();
+    std::fs::write(&config, config_of(turn, health, "media/media-server")).unwrap();
     let kubeconfig = api.kubeconfig(&std::env::temp_dir());
     let server = Stunnerd::start(
         &["-c", &format!("file://{}", config.display())],
