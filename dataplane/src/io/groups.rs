@@ -198,7 +198,7 @@ mod tests {
 
     /// A port no socket is bound to (the kernel's pick, let go).
     fn free_udp_port() -> u16 {
-        let socket = listener_socket(0).unwrap();
+        let socket = listener_socket(None, 0).unwrap();
         socket.local_addr().unwrap().as_socket().unwrap().port()
     }
 
@@ -239,7 +239,7 @@ mod tests {
         let opened = std::cell::Cell::new(0);
         let open = || {
             opened.set(opened.get() + 1);
-            listener_socket(port)
+            listener_socket(None, port)
         };
         let first = sockets(groups.take(1, spec, open));
         assert_eq!(opened.get(), 5, "the whole group opens at once");
@@ -260,7 +260,7 @@ mod tests {
         let with = snapshot(1, Some(port));
         let spec = with.listeners[0].clone();
         let groups = ListenerGroups::new(2, 2);
-        let mine = sockets(groups.take(0, &spec, || listener_socket(port)));
+        let mine = sockets(groups.take(0, &spec, || listener_socket(None, port)));
         assert_eq!(mine.len(), 1);
         // Shard 0 reconciles generation 2, where the listener is gone, and closes its socket.
         groups.reconciling(0, &snapshot(2, None));
@@ -269,7 +269,7 @@ mod tests {
         assert!(!bound(port), "shard 1's socket, never taken, is closed");
         // Shard 1, still on generation 1, must not open the run again.
         assert!(matches!(
-            groups.take(1, &spec, || listener_socket(port)),
+            groups.take(1, &spec, || listener_socket(None, port)),
             Take::Over
         ));
         assert!(!bound(port));
@@ -278,7 +278,7 @@ mod tests {
         back.carry_listener_runs(&snapshot(2, None).listeners);
         assert_eq!(back.listeners[0].run, 3);
         groups.reconciling(1, &back);
-        let again = sockets(groups.take(1, &back.listeners[0], || listener_socket(port)));
+        let again = sockets(groups.take(1, &back.listeners[0], || listener_socket(None, port)));
         assert_eq!(again.len(), 1);
     }
 
@@ -287,7 +287,7 @@ mod tests {
         let port = free_udp_port();
         let old = snapshot(1, Some(port));
         let groups = ListenerGroups::new(2, 2);
-        let open = || listener_socket(port);
+        let open = || listener_socket(None, port);
         let mut held: Vec<_> = (0..2)
             .map(|shard| sockets(groups.take(shard, &old.listeners[0], open)))
             .collect();
@@ -324,8 +324,8 @@ mod tests {
         second.name = "other".into();
         let groups = ListenerGroups::new(1, 1);
         groups.reconciling(0, &first);
-        let a = sockets(groups.take(0, &first.listeners[0], || listener_socket(port)));
-        let b = sockets(groups.take(0, &second, || listener_socket(port)));
+        let a = sockets(groups.take(0, &first.listeners[0], || listener_socket(None, port)));
+        let b = sockets(groups.take(0, &second, || listener_socket(None, port)));
         assert_eq!((a.len(), b.len()), (1, 1));
     }
 
@@ -334,10 +334,10 @@ mod tests {
         let port = free_udp_port();
         let newer = snapshot(5, Some(port));
         let groups = ListenerGroups::new(2, 2);
-        let mine = sockets(groups.take(0, &newer.listeners[0], || listener_socket(port)));
+        let mine = sockets(groups.take(0, &newer.listeners[0], || listener_socket(None, port)));
         // Shard 1 reconciles generation 4, which predates the listener.
         groups.reconciling(1, &snapshot(4, None));
-        let theirs = sockets(groups.take(1, &newer.listeners[0], || listener_socket(port)));
+        let theirs = sockets(groups.take(1, &newer.listeners[0], || listener_socket(None, port)));
         assert_eq!((mine.len(), theirs.len()), (1, 1));
     }
 

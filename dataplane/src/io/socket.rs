@@ -1,5 +1,6 @@
-//! Socket construction: SO_REUSEPORT listener sockets on the dual-stack wildcard and relay
-//! sockets on the wildcard of one family, plus address canonicalisation for dual-stack sockets.
+//! Socket construction: SO_REUSEPORT listener sockets on the dual-stack wildcard (or a
+//! listener's bind address) and relay sockets on the wildcard of one family, plus address
+//! canonicalisation for dual-stack sockets.
 
 use super::sys;
 use crate::proto::{Family, RelayRequest};
@@ -10,9 +11,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 /// Receive/send buffer size asked for on every socket (the kernel may clamp it).
 const SOCKET_BUFFER_BYTES: usize = 4 << 20;
 
-/// A bound, non-blocking UDP socket for a TURN-UDP listener on `port`: `[::]:port` dual-stack
-/// when the host has IPv6, else `0.0.0.0:port`; always SO_REUSEPORT so several shards share it.
-pub fn listener_socket(port: u16) -> io::Result<Socket> {
+/// A bound, non-blocking UDP socket for a TURN-UDP listener on `port` of `bind`, or, with no
+/// bind address, `[::]:port` dual-stack when the host has IPv6, else `0.0.0.0:port`; always
+/// SO_REUSEPORT so several shards share it.
+pub fn listener_socket(bind: Option<IpAddr>, port: u16) -> io::Result<Socket> {
+    if let Some(ip) = bind {
+        return bind_udp(SocketAddr::new(ip, port), true, None);
+    }
     match bind_udp(
         SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
         true,
@@ -27,18 +32,19 @@ pub fn listener_socket(port: u16) -> io::Result<Socket> {
     }
 }
 
-/// A bound, listening, non-blocking TCP socket for a TURN-TCP or TURN-TLS listener on
-/// `port`: dual-stack `[::]:port` where the host has IPv6, else `0.0.0.0:port`; SO_REUSEPORT,
-/// so every shard accepts on its own socket and the kernel spreads connections over them.
-pub fn stream_listener_socket(port: u16) -> io::Result<Socket> {
-    let bind = |addr: SocketAddr| -> io::Result<Socket> {
+/// A bound, listening, non-blocking TCP socket for a TURN-TCP or TURN-TLS listener on `port`
+/// of `bind`, or, with no bind address, dual-stack `[::]:port` where the host has IPv6, else
+/// `0.0.0.0:port`; SO_REUSEPORT, so every shard accepts on its own socket and the kernel
+/// spreads connections over them.
+pub fn stream_listener_socket(bind: Option<IpAddr>, port: u16) -> io::Result<Socket> {
+    let open = |addr: SocketAddr| -> io::Result<Socket> {
         let domain = if addr.is_ipv4() {
             Domain::IPV4
         } else {
             Domain::IPV6
         };
         let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
-        if addr.is_ipv6() {
+        if addr.is_ipv6() && addr.ip().is_unspecified() {
             socket.set_only_v6(false)?;
         }
         socket.set_reuse_address(true)?;
@@ -48,8 +54,11 @@ pub fn stream_listener_socket(port: u16) -> io::Result<Socket> {
         socket.listen(1024)?;
         Ok(socket)
     };
-    bind(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port))
-        .or_else(|_| bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)))
+    if let Some(ip) = bind {
+        return open(SocketAddr::new(ip, port));
+    }
+    open(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port))
+        .or_else(|_| open(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)))
 }
 
 /// Makes an accepted TCP connection ready for the shard: non-blocking, no Nagle delay (media

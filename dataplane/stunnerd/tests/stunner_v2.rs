@@ -533,3 +533,53 @@ fn v2_command_line() {
     assert_eq!(doc["admin"]["license_config"], "<redacted>", "{doc}");
     assert!(!doc.to_string().contains("k3y"));
 }
+
+/// A v2 listener's `address` is its bind address: the port is taken on that address only (a
+/// socket of another process may bind it on another address), and TURN is served there. An
+/// empty address binds every address of both families, as a v1 listener does.
+#[test]
+fn v2_listener_address_is_the_bind_address() {
+    let (udp, tcp, health) = (free_port(), free_port(), free_port());
+    let config = format!(
+        "version: v2\nadmin: {{healthcheck_endpoint: \"http://127.0.0.1:{health}\"}}\n\
+         auth: {{credentials: {{username: alice, password: s3cret}}}}\n\
+         listeners: [{{name: udp, address: 127.0.0.1, port: {udp}, servers: [turn]}},\n\
+                     {{name: tcp, protocol: TCP, address: 127.0.0.1, port: {tcp}, servers: [turn]}}]\n\
+         servers: [{{name: turn, clusters: [media]}}]\n\
+         clusters: [{{name: media, protocol: UDP, endpoints: [127.0.0.1], addresses: [127.0.0.1]}}]\n"
+    );
+    let (_file, origin) = write("v2-bind.yaml", &config);
+    let server = Stunnerd::start(&["-c", &origin], &[]);
+    assert!(wait_until(10, || ready(health)), "{}", server.logs());
+    // Another address of the host keeps the ports free.
+    assert!(
+        std::net::UdpSocket::bind(("127.0.0.2", udp)).is_ok(),
+        "UDP port {udp} taken beyond 127.0.0.1"
+    );
+    assert!(
+        std::net::TcpListener::bind(("127.0.0.2", tcp)).is_ok(),
+        "TCP port {tcp} taken beyond 127.0.0.1"
+    );
+    assert!(std::net::UdpSocket::bind(("127.0.0.1", udp)).is_err());
+    let peer = Peer::start();
+    let mut client = TurnClient::new(
+        format!("127.0.0.1:{udp}").parse().unwrap(),
+        "alice",
+        "s3cret",
+    );
+    assert!(client.allocate().is_some(), "{}", server.logs());
+    assert!(client.permit(peer.addr.ip()));
+    assert_eq!(stream(&mut client, peer.addr, "bound", 10), 10);
+    drop(server);
+
+    // Without an address: every address (the wildcard), as before.
+    let config = config.replace("address: 127.0.0.1, ", "");
+    let (_file, origin) = write("v2-wildcard.yaml", &config);
+    let server = Stunnerd::start(&["-c", &origin], &[]);
+    assert!(wait_until(10, || ready(health)), "{}", server.logs());
+    assert!(
+        std::net::UdpSocket::bind(("127.0.0.2", udp)).is_err(),
+        "the wildcard listener left UDP port {udp} free on 127.0.0.2"
+    );
+    drop(server);
+}

@@ -223,11 +223,11 @@ impl<W> Listeners<W> {
                 continue;
             }
             let opened = if stream {
-                vec![stream_listener_socket(spec.port)]
+                vec![stream_listener_socket(spec.bind, spec.port)]
             } else {
                 // Every shard's sockets at once, so the SO_REUSEPORT group is whole before a
                 // client is hashed over it (see `groups`).
-                match groups.take(shard, spec, || listener_socket(spec.port)) {
+                match groups.take(shard, spec, || listener_socket(spec.bind, spec.port)) {
                     Take::Sockets(opened) => opened,
                     Take::Wait => {
                         complete = false;
