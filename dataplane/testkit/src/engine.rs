@@ -180,9 +180,10 @@ impl Harness {
             self.next_port += 2;
             let bound = BoundRelays {
                 relay: Ok(self.next_port),
-                additional: request
-                    .additional
-                    .map(|_| self.additional_bind_error.map_or(Ok(self.next_port + 1), Err)),
+                additional: request.additional.map(|_| {
+                    self.additional_bind_error
+                        .map_or(Ok(self.next_port + 1), Err)
+                }),
             };
             let n = self
                 .engine
