@@ -591,7 +591,12 @@ impl Engine {
         buf: &mut [u8],
         out: &mut [u8],
     ) -> PeerAction {
-        let Some(alloc) = self.allocations.get_mut(relay.slot()) else {
+        // A socket the allocation does not have is none the shell holds either.
+        let Some(alloc) = self
+            .allocations
+            .get_mut(relay.slot())
+            .filter(|alloc| alloc.families.contains(relay.family()))
+        else {
             return PeerAction::Drop(self.dropped(DropReason::NoAllocation));
         };
         relay::peer_datagram(
