@@ -2039,3 +2039,24 @@ fn peer_admission_applies_to_ipv6_peers_as_to_ipv4_ones() {
         ClientAction::Drop(DropReason::NotAdmitted)
     );
 }
+
+/// coturn's clients (`turnutils_uclient -Z`) send ADDITIONAL-ADDRESS-FAMILY under the draft's
+/// code 0x8032: a dual allocation all the same.
+#[test]
+fn additional_address_family_under_coturns_draft_code_makes_a_dual_allocation() {
+    let mut h = dual_harness(true);
+    let mut c = Client::new(USER, PASS);
+    let draft = |family: u8| {
+        move |m: &mut MessageWriteVec, t| {
+            udp(m, t);
+            m.add_attribute(&RawAttribute::new(
+                AttributeType::new(0x8032),
+                &[family, 0, 0, 0],
+            ))
+            .unwrap();
+        }
+    };
+    assert_eq!(c.call(&mut h, ALLOCATE, &draft(1)).error_code(), Some(400));
+    let reply = c.call(&mut h, ALLOCATE, &draft(2));
+    assert_eq!(relayed(&reply).len(), 2, "{:?}", reply.error_code());
+}

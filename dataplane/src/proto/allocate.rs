@@ -9,7 +9,7 @@ use super::store::{Allocation, ClientKey, Families};
 use super::{DEFAULT_ALLOCATION_LIFETIME, MAX_REQUESTED_LIFETIME_SECS};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
-use stun_proto::types::attribute::AttributeStaticType;
+use stun_proto::types::attribute::{AttributeStaticType, AttributeType};
 use stun_proto::types::message::{IntegrityKey, Message, TransactionId};
 use turn_types::attribute::{
     AdditionalAddressFamily, DontFragment, EvenPort, Lifetime, RequestedAddressFamily,
@@ -20,6 +20,23 @@ use uturn_shared::snapshot::ListenerSpec;
 
 /// IANA protocol number of UDP in REQUESTED-TRANSPORT.
 const TRANSPORT_UDP: u8 = 17;
+
+/// ADDITIONAL-ADDRESS-FAMILY as coturn's clients send it (`turnutils_uclient -Z`, coturn 4.6):
+/// the code of the draft RFC 8656 grew from (draft-ietf-tram-turn-ipv6), same value format.
+const ADDITIONAL_ADDRESS_FAMILY_DRAFT: AttributeType = AttributeType::new(0x8032);
+
+/// Whether `msg` asks for a dual allocation (ADDITIONAL-ADDRESS-FAMILY, RFC 8656 §7.2, or its
+/// draft code): `None` if not, else whether the family is IPv6 (the one it can add).
+fn additional_family(msg: &Message<'_>) -> Option<Result<(), RequestError>> {
+    let raw = msg
+        .raw_attribute(AdditionalAddressFamily::TYPE)
+        .or_else(|| msg.raw_attribute(ADDITIONAL_ADDRESS_FAMILY_DRAFT))?;
+    // RFC 8656 §18.11: the family, then three reserved bytes; 0x02 is IPv6.
+    Some(match raw.value[..] {
+        [0x02, _, _, _] => Ok(()),
+        _ => Err(RequestError::AdditionalFamilyNotIpv6),
+    })
+}
 
 /// What a well-formed Allocate asks for.
 pub(super) struct AllocateRequest {
@@ -56,7 +73,8 @@ pub(super) fn allocate_request(
     let has_even_port = msg.has_attribute(EvenPort::TYPE);
     let has_token = msg.has_attribute(ReservationToken::TYPE);
     let has_family = msg.has_attribute(RequestedAddressFamily::TYPE);
-    let has_additional = msg.has_attribute(AdditionalAddressFamily::TYPE);
+    let additional_family = additional_family(msg);
+    let has_additional = additional_family.is_some();
     // RFC 8656 §7.2 step 5/6: RESERVATION-TOKEN excludes EVEN-PORT, REQUESTED-ADDRESS-FAMILY
     // and ADDITIONAL-ADDRESS-FAMILY.
     if has_token && (has_even_port || has_family || has_additional) {
@@ -67,8 +85,8 @@ pub(super) fn allocate_request(
     if has_family && has_additional {
         return Err(RequestError::RequestedAndAdditionalFamily);
     }
-    if has_additional && msg.attribute::<AdditionalAddressFamily>().is_err() {
-        return Err(RequestError::AdditionalFamilyNotIpv6);
+    if let Some(Err(error)) = additional_family {
+        return Err(error);
     }
     if has_token {
         // We never hand out reservations, so no token can be valid.
