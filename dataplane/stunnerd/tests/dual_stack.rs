@@ -7,14 +7,13 @@
 //! cover both IO engines.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 use stun_proto::types::message::{MessageWriteExt, MessageWriteVec, TransactionId};
 use turn_types::attribute::{RequestedAddressFamily, XorPeerAddress, XorRelayedAddress};
 use turn_types::message::{ALLOCATE, CREATE_PERMISSION};
 use turn_types::AddressFamily;
 use uturn_testkit::engine::{udp, Client, Reply};
-use uturn_testkit::peers::Peer;
+use uturn_testkit::peers::{self, Peer};
 use uturn_testkit::stunnerd::{
     free_port, metric, temp_file, uclient, wait_until, Killed, Stunnerd,
 };
@@ -78,14 +77,9 @@ impl Server {
 /// coturn's echo peer on `ip`; its port.
 fn turnutils_peer(ip: &str) -> (Killed, u16) {
     let port = free_port();
-    let child = Command::new("turnutils_peer")
-        .args(["-p", &port.to_string(), "-L", ip])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("turnutils_peer (apt-get install coturn)");
+    let peer = peers::turnutils_peer(ip, port);
     std::thread::sleep(Duration::from_millis(200));
-    (Killed(child), port)
+    (peer, port)
 }
 
 /// `turnutils_uclient` through `server` (reached at `server_ip`) to the echo peer at
