@@ -2060,3 +2060,37 @@ fn additional_address_family_under_coturns_draft_code_makes_a_dual_allocation() 
     let reply = c.call(&mut h, ALLOCATE, &draft(2));
     assert_eq!(relayed(&reply).len(), 2, "{:?}", reply.error_code());
 }
+
+/// An expired channel number bound again to another peer is judged for that peer: the old
+/// peer's admission verdict (and family) do not carry over.
+#[test]
+fn a_channel_number_rebound_to_another_peer_is_judged_afresh() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let (mut c, _) = allocate(&mut h);
+    let frame = [0x40, 0x01, 0, 1, b'x'];
+    assert_eq!(
+        c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4001, PEER))
+            .class(),
+        MessageClass::Success
+    );
+    assert!(matches!(h.send(CLIENT, &frame), ClientAction::Relay { .. }));
+    c.call(&mut h, REFRESH, &|m: &mut MessageWriteVec, _| {
+        m.add_attribute(&Lifetime::new(1200)).unwrap()
+    });
+    // Expired, before the sweep removes it.
+    h.now += Duration::from_secs(601);
+    // Same IP (so the permission check passes), a port outside media's <5000-6000>.
+    assert_eq!(
+        c.call(
+            &mut h,
+            CHANNEL_BIND,
+            &channel_attrs(0x4001, "10.1.2.3:7000")
+        )
+        .class(),
+        MessageClass::Success
+    );
+    assert_eq!(
+        h.send(CLIENT, &frame),
+        ClientAction::Drop(DropReason::NotAdmitted)
+    );
+}

@@ -105,10 +105,10 @@ pub(super) fn channel_bind(
     }
     alloc.install_permission(peer.ip(), now, max_permissions)?;
     match alloc.channels.iter_mut().find(|c| c.number == number) {
-        Some(channel) => {
-            channel.peer = peer;
-            channel.expires_at = now + CHANNEL_LIFETIME;
-        }
+        Some(channel) if channel.peer == peer => channel.expires_at = now + CHANNEL_LIFETIME,
+        // An expired number bound to another peer: a new channel, judged afresh (the old
+        // peer's admission verdict and family are not the new one's).
+        Some(channel) => *channel = Channel::new(number, peer, now + CHANNEL_LIFETIME),
         None => alloc
             .channels
             .push(Channel::new(number, peer, now + CHANNEL_LIFETIME)),

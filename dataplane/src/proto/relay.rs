@@ -62,14 +62,14 @@ pub(super) fn channel_data(
     else {
         return ClientAction::Drop(stats.count_drop(DropReason::NoChannel));
     };
-    let peer = channel.peer;
+    let (peer, family) = (channel.peer, channel.family);
     let Some(cluster) = channel.admitted(snap, &alloc.listener_name) else {
         return ClientAction::Drop(stats.count_drop(DropReason::NotAdmitted));
     };
     ClientAction::Relay {
         // A channel's peer is of a family the allocation relays (ChannelBind checked it, and
         // a relay deleted took its channels with it).
-        relay: RelayId::new(slot, Family::of_canonical(peer)),
+        relay: RelayId::new(slot, family),
         peer,
         payload: 4..4 + length,
         cluster,

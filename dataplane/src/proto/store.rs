@@ -87,6 +87,8 @@ impl Permission {
 /// RFC 8656 §12: a channel bound to a peer address.
 pub(super) struct Channel {
     pub(super) number: u16,
+    /// The family of `peer`: of the relay socket its datagrams leave from.
+    pub(super) family: Family,
     pub(super) peer: SocketAddr,
     pub(super) expires_at: Instant,
     /// Admission verdict for `peer`.
@@ -98,6 +100,7 @@ impl Channel {
     pub(super) fn new(number: u16, peer: SocketAddr, expires_at: Instant) -> Channel {
         Channel {
             number,
+            family: Family::of_canonical(peer),
             peer,
             expires_at,
             verdict: None,
