@@ -1,31 +1,32 @@
 //! Engine scenarios on a virtual clock: one per method and per error path.
 
 use std::io::ErrorKind;
-use std::net::SocketAddr;
+use std::net::{Ipv6Addr, SocketAddr};
 use std::time::Duration;
 use stun_proto::types::attribute::{
-    AttributeStaticType, AttributeType, ErrorCode, Fingerprint, MessageIntegrity, Nonce, Realm,
-    XorMappedAddress,
+    AttributeStaticType, AttributeType, ErrorCode, Fingerprint, MessageIntegrity, Nonce,
+    RawAttribute, Realm, XorMappedAddress,
 };
 use stun_proto::types::message::{
     Message, MessageClass, MessageType, MessageWrite, MessageWriteExt, MessageWriteVec, Method,
     TransactionId, BINDING,
 };
 use turn_types::attribute::{
-    ChannelNumber, Data, Lifetime, RequestedAddressFamily, RequestedTransport, XorPeerAddress,
+    AdditionalAddressFamily, ChannelNumber, Data, Lifetime, RequestedAddressFamily,
+    RequestedTransport, XorPeerAddress, XorRelayedAddress,
 };
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRESH, SEND};
 use turn_types::AddressFamily;
 use uturn_dataplane::proto::{
-    ClientAction, DropReason, EngineConfig, ListenerId, ListenerRef, PeerAction, RelayBindError,
-    RelayId,
+    BoundRelays, ClientAction, DropReason, EngineConfig, Family, ListenerId, ListenerRef,
+    PeerAction, RelayBindError, RelayId, RelayRequest,
 };
 use uturn_shared::auth::{ephemeral_password, ephemeral_username};
 use uturn_shared::config::parse_config;
-use uturn_shared::snapshot::Snapshot;
+use uturn_shared::snapshot::{Host, RelayAddresses, Snapshot};
 use uturn_testkit::engine::{
     allocate, channel_attrs, config, peer_attr, send_indication, udp, Attrs, Client, Harness,
-    Reply, CLIENT, EPOCH_UNIX, PEER, STATIC_AUTH,
+    Reply, CLIENT, EPOCH_UNIX, PASS, PEER, STATIC_AUTH, USER,
 };
 
 #[test]
@@ -1503,4 +1504,593 @@ fn offloadable_channels_end_with_the_first_of_channel_permission_and_allocation(
     });
     assert!(offloadable(&mut h).is_empty());
     assert_eq!(h.engine.poll_close(), Some(relay));
+}
+
+// Dual stack (RFC 8656 with RFC 6156's families): IPv6 relays, dual allocations
+// (ADDITIONAL-ADDRESS-FAMILY) and the per-family checks.
+
+/// An IPv6 peer the dual config's `media` cluster admits (ports 5000-6000).
+const PEER6: &str = "[fd00::1]:5500";
+
+/// The default config with `media` admitting IPv6 peers on ports 5000-6000 only, on a host
+/// whose environment names `::1` as the IPv6 relay address when `ipv6` (`STUNNER_ADDRS`): the
+/// listener then relays IPv4 as 198.51.100.1 and IPv6 as ::1.
+fn dual_harness(ipv6: bool) -> Harness {
+    let yaml = config(STATIC_AUTH).replace("\"fd00::/64\"", "\"fd00::/64:<5000-6000>\"");
+    let relay = RelayAddresses {
+        v4: None,
+        v6: ipv6.then_some(Ipv6Addr::LOCALHOST),
+    };
+    Harness::on_host(&yaml, relay, |_| {})
+}
+
+/// Adds REQUESTED-TRANSPORT UDP and REQUESTED-ADDRESS-FAMILY `family`.
+fn udp_family(family: AddressFamily) -> impl Fn(&mut MessageWriteVec, TransactionId) {
+    move |m: &mut MessageWriteVec, t| {
+        udp(m, t);
+        m.add_attribute(&RequestedAddressFamily::new(family))
+            .unwrap();
+    }
+}
+
+/// Adds REQUESTED-TRANSPORT UDP and an ADDITIONAL-ADDRESS-FAMILY of value `family` (0x02
+/// IPv6; anything else is written as is).
+fn udp_additional(family: u8) -> impl Fn(&mut MessageWriteVec, TransactionId) {
+    move |m: &mut MessageWriteVec, t| {
+        udp(m, t);
+        m.add_attribute(&RawAttribute::new(
+            AdditionalAddressFamily::TYPE,
+            &[family, 0, 0, 0],
+        ))
+        .unwrap();
+    }
+}
+
+/// An authenticated Allocate with `attrs` from `client`, up to the relay sockets it asks for:
+/// the request and the message (for a retransmission).
+fn relay_request(
+    h: &mut Harness,
+    c: &mut Client,
+    client: &str,
+    attrs: Attrs<'_>,
+) -> (RelayRequest, Vec<u8>) {
+    c.learn_nonce(h, client);
+    let req = c.build(ALLOCATE, TransactionId::generate(), attrs, true);
+    match h.handle(client, &req) {
+        ClientAction::AllocateRelay(request) => (request, req),
+        other => panic!("no relay asked for: {other:?}"),
+    }
+}
+
+/// The Allocate reply `complete_allocate` writes for `relay` with `bound`.
+fn complete(h: &mut Harness, relay: RelayId, bound: impl Into<BoundRelays>) -> Reply {
+    let n = h
+        .engine
+        .complete_allocate(h.now, relay, bound, &mut h.out)
+        .expect("allocate reply");
+    Reply {
+        bytes: h.out[..n].to_vec(),
+    }
+}
+
+/// The XOR-RELAYED-ADDRESSes of an Allocate success, in order.
+fn relayed(reply: &Reply) -> Vec<SocketAddr> {
+    let msg = reply.msg();
+    (0..)
+        .map_while(|i| msg.nth_attribute::<XorRelayedAddress>(i).ok())
+        .map(|a| a.addr(msg.transaction_id()))
+        .collect()
+}
+
+/// The family byte and error code of an Allocate success's ADDRESS-ERROR-CODE.
+fn address_error(reply: &Reply) -> Option<(u8, u16)> {
+    let msg = reply.msg();
+    let raw = msg.raw_attribute(AttributeType::new(0x8001))?;
+    let v = &raw.value;
+    Some((v[0], u16::from(v[2] & 7) * 100 + u16::from(v[3])))
+}
+
+/// The relay socket a client datagram was sent from, with the peer and payload.
+fn relayed_to(action: ClientAction, data: &[u8]) -> (RelayId, SocketAddr, Vec<u8>) {
+    match action {
+        ClientAction::Relay {
+            relay,
+            peer,
+            payload,
+            ..
+        } => (relay, peer, data[payload].to_vec()),
+        other => panic!("not relayed: {other:?}"),
+    }
+}
+
+/// The peer and payload of a Data indication.
+fn data_indication(bytes: &[u8]) -> (SocketAddr, Vec<u8>) {
+    let msg = Message::from_bytes(bytes).unwrap();
+    assert_eq!(
+        (msg.class(), msg.method()),
+        (MessageClass::Indication, DATA)
+    );
+    let peer = msg.attribute::<XorPeerAddress>().unwrap();
+    (
+        peer.addr(msg.transaction_id()),
+        msg.attribute::<Data>().unwrap().data().to_vec(),
+    )
+}
+
+/// `client` relays through `relay` to `peer` and back, byte-exact: Send and Data indications,
+/// then ChannelData on `channel`.
+fn relays_both_ways(
+    h: &mut Harness,
+    c: &mut Client,
+    client: &str,
+    relay: RelayId,
+    peer: &'static str,
+    channel: u16,
+) {
+    let call = |h: &mut Harness, c: &mut Client, method, attrs: Attrs<'_>| {
+        h.request(
+            client,
+            &c.build(method, TransactionId::generate(), attrs, true),
+        )
+    };
+    let payload: Vec<u8> = (0..=255u8).collect();
+    let reply = call(h, c, CREATE_PERMISSION, &peer_attr(peer));
+    assert_eq!(
+        reply.class(),
+        MessageClass::Success,
+        "{:?}",
+        reply.error_code()
+    );
+    let indication = send_indication(peer, &payload);
+    let sent = relayed_to(h.send(client, &indication), &indication);
+    assert_eq!(sent, (relay, peer.parse().unwrap(), payload.clone()));
+    let (action, bytes) = h.peer(relay, peer, &payload);
+    assert!(
+        matches!(action, PeerAction::ToClient { client: to, .. } if to == client.parse().unwrap()),
+        "{action:?}"
+    );
+    assert_eq!(
+        data_indication(&bytes),
+        (peer.parse().unwrap(), payload.clone())
+    );
+    let reply = call(h, c, CHANNEL_BIND, &channel_attrs(channel, peer));
+    assert_eq!(
+        reply.class(),
+        MessageClass::Success,
+        "{:?}",
+        reply.error_code()
+    );
+    let mut frame = channel.to_be_bytes().to_vec();
+    frame.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    frame.extend_from_slice(&payload);
+    let sent = relayed_to(h.send(client, &frame), &frame);
+    assert_eq!(sent, (relay, peer.parse().unwrap(), payload.clone()));
+    let (_, bytes) = h.peer(relay, peer, &payload);
+    assert_eq!(bytes, frame);
+}
+
+#[test]
+fn ipv6_relay_relays_to_ipv6_peers_both_ways_for_ipv4_and_ipv6_clients() {
+    for client in [CLIENT, "[2001:db8::10]:40000"] {
+        let mut h = dual_harness(true);
+        let mut c = Client::new(USER, PASS);
+        let (request, _) = relay_request(&mut h, &mut c, client, &udp_family(AddressFamily::IPV6));
+        assert_eq!((request.family, request.additional), (Family::V6, None));
+        assert_eq!(request.relay.family(), Family::V6);
+        let reply = complete(&mut h, request.relay, Ok(50_002));
+        assert_eq!(relayed(&reply), ["[::1]:50002".parse().unwrap()]);
+        assert_eq!(address_error(&reply), None);
+        relays_both_ways(&mut h, &mut c, client, request.relay, PEER6, 0x4001);
+        // An IPv4 peer on an IPv6-only allocation: 443, and a Send to one is dropped.
+        let call = |h: &mut Harness, c: &mut Client, method, attrs: Attrs<'_>| {
+            h.request(
+                client,
+                &c.build(method, TransactionId::generate(), attrs, true),
+            )
+        };
+        assert_eq!(
+            call(&mut h, &mut c, CREATE_PERMISSION, &peer_attr(PEER)).error_code(),
+            Some(443)
+        );
+        assert_eq!(
+            call(&mut h, &mut c, CHANNEL_BIND, &channel_attrs(0x4002, PEER)).error_code(),
+            Some(443)
+        );
+        let dropped = h.engine.stats().dropped[DropReason::NoPermission.index()];
+        assert_eq!(
+            h.send(client, &send_indication(PEER, b"x")),
+            ClientAction::Drop(DropReason::NoPermission)
+        );
+        assert_eq!(
+            h.engine.stats().dropped[DropReason::NoPermission.index()],
+            dropped + 1
+        );
+    }
+    // Not served without an IPv6 relay address: 440.
+    let mut h = dual_harness(false);
+    let mut c = Client::new(USER, PASS);
+    let reply = c.call(&mut h, ALLOCATE, &udp_family(AddressFamily::IPV6));
+    assert_eq!(reply.error_code(), Some(440));
+    assert_eq!(h.engine.allocation_count(), 0);
+}
+
+#[test]
+fn dual_allocation_has_an_ipv4_and_an_ipv6_relay_as_one_allocation() {
+    let mut h = dual_harness(true);
+    let mut c = Client::new(USER, PASS);
+    let (request, req) = relay_request(&mut h, &mut c, CLIENT, &udp_additional(2));
+    let (v4, v6) = (request.relay, request.additional.expect("an IPv6 relay"));
+    assert_eq!(
+        (request.family, v4.family(), v6.family()),
+        (Family::V4, Family::V4, Family::V6)
+    );
+    assert_eq!(v6, v4.with_family(Family::V6));
+    let bound = BoundRelays {
+        relay: Ok(50_002),
+        additional: Some(Ok(50_003)),
+    };
+    let reply = complete(&mut h, v4, bound);
+    assert_eq!(reply.class(), MessageClass::Success);
+    // Two XOR-RELAYED-ADDRESS, IPv4 first; one allocation.
+    assert_eq!(
+        relayed(&reply),
+        [
+            "198.51.100.1:50002".parse::<SocketAddr>().unwrap(),
+            "[::1]:50003".parse().unwrap()
+        ]
+    );
+    assert_eq!(address_error(&reply), None);
+    assert_eq!(h.engine.allocation_count(), 1);
+    assert_eq!(h.engine.stats().allocations_created, 1);
+    // A retransmission gets the same response.
+    assert_eq!(h.request(CLIENT, &req).bytes, reply.bytes);
+    // Each peer through the relay of its family, both ways.
+    relays_both_ways(&mut h, &mut c, CLIENT, v4, PEER, 0x4001);
+    relays_both_ways(&mut h, &mut c, CLIENT, v6, PEER6, 0x4002);
+    // One lifetime: a Refresh (with either family) extends both, expiry ends both.
+    let refresh = |seconds: u32, family: Option<AddressFamily>| {
+        move |m: &mut MessageWriteVec, _: TransactionId| {
+            m.add_attribute(&Lifetime::new(seconds)).unwrap();
+            if let Some(family) = family {
+                m.add_attribute(&RequestedAddressFamily::new(family))
+                    .unwrap();
+            }
+        }
+    };
+    for family in [None, Some(AddressFamily::IPV4), Some(AddressFamily::IPV6)] {
+        let reply = c.call(&mut h, REFRESH, &refresh(120, family));
+        assert_eq!(reply.msg().attribute::<Lifetime>().unwrap().seconds(), 120);
+    }
+    h.advance(119);
+    assert_eq!(h.engine.allocation_count(), 1);
+    let (_, bytes) = h.peer(v6, PEER6, b"six");
+    assert_eq!(bytes, [0x40, 0x02, 0, 3, b's', b'i', b'x']);
+    h.advance(2);
+    assert_eq!(h.engine.allocation_count(), 0);
+    let mut closed = [h.engine.poll_close(), h.engine.poll_close()];
+    closed.sort_by_key(|r| r.map(|r| r.0));
+    assert_eq!(closed, [Some(v4), Some(v6)]);
+    assert_eq!(h.engine.poll_close(), None);
+    assert_eq!(h.engine.stats().allocations_deleted, 1);
+    // Deleted (Refresh 0) or its listener closed: both sockets close, once.
+    for end in ["refresh", "listener"] {
+        let mut c = Client::new(USER, PASS);
+        let reply = c.call(&mut h, ALLOCATE, &udp_additional(2));
+        assert_eq!(relayed(&reply).len(), 2);
+        match end {
+            "refresh" => {
+                c.call(&mut h, REFRESH, &refresh(0, None));
+            }
+            _ => h.engine.close_listener(ListenerId(1)),
+        }
+        assert_eq!(h.engine.allocation_count(), 0);
+        let closed: Vec<_> = std::iter::from_fn(|| h.engine.poll_close()).collect();
+        assert_eq!(closed.len(), 2, "{end}: {closed:?}");
+        assert_eq!(closed[0], closed[1].with_family(closed[0].family()));
+        assert_ne!(closed[0].family(), closed[1].family());
+    }
+}
+
+#[test]
+fn dual_allocation_counts_once_against_the_quota() {
+    let yaml = quota_config(1);
+    let relay = RelayAddresses {
+        v4: None,
+        v6: Some(Ipv6Addr::LOCALHOST),
+    };
+    let mut h = Harness::on_host(&yaml, relay, |_| {});
+    let mut alice = ephemeral_client("alice");
+    let reply = alice.call(&mut h, ALLOCATE, &udp_additional(2));
+    assert_eq!(relayed(&reply).len(), 2, "{:?}", reply.error_code());
+    let mut again = ephemeral_client("alice");
+    assert_eq!(
+        again
+            .call_from(&mut h, "192.0.2.10:1002", ALLOCATE, &udp)
+            .error_code(),
+        Some(486)
+    );
+    alice.call(&mut h, REFRESH, &|m: &mut MessageWriteVec, _| {
+        m.add_attribute(&Lifetime::new(0)).unwrap()
+    });
+    assert_eq!(
+        again
+            .call_from(&mut h, "192.0.2.10:1002", ALLOCATE, &udp)
+            .class(),
+        MessageClass::Success
+    );
+}
+
+#[test]
+fn dual_allocation_refusals_and_an_ipv6_relay_not_had() {
+    let mut h = dual_harness(true);
+    let mut c = Client::new(USER, PASS);
+    // With REQUESTED-ADDRESS-FAMILY (either family): 400.
+    for family in [AddressFamily::IPV4, AddressFamily::IPV6] {
+        let both = |m: &mut MessageWriteVec, t| {
+            udp_additional(2)(m, t);
+            m.add_attribute(&RequestedAddressFamily::new(family))
+                .unwrap();
+        };
+        assert_eq!(c.call(&mut h, ALLOCATE, &both).error_code(), Some(400));
+    }
+    // Naming IPv4, or no family at all: 400.
+    for value in [1, 0, 3] {
+        assert_eq!(
+            c.call(&mut h, ALLOCATE, &udp_additional(value))
+                .error_code(),
+            Some(400),
+            "ADDITIONAL-ADDRESS-FAMILY {value}"
+        );
+    }
+    assert_eq!(h.engine.allocation_count(), 0);
+    // The IPv6 socket cannot be bound: IPv4 alone, ADDRESS-ERROR-CODE IPv6 508.
+    h.additional_bind_error = Some(RelayBindError {
+        kind: ErrorKind::AddrInUse,
+    });
+    let reply = c.call(&mut h, ALLOCATE, &udp_additional(2));
+    assert_eq!(reply.class(), MessageClass::Success);
+    assert_eq!(relayed(&reply), ["198.51.100.1:50002".parse().unwrap()]);
+    assert_eq!(address_error(&reply), Some((2, 508)));
+    // That allocation has no IPv6 relay: an IPv6 peer gets 443.
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &peer_attr(PEER6))
+            .error_code(),
+        Some(443)
+    );
+    assert_eq!(
+        c.call(&mut h, REFRESH, &|m: &mut MessageWriteVec, _| {
+            m.add_attribute(&RequestedAddressFamily::new(AddressFamily::IPV6))
+                .unwrap()
+        })
+        .error_code(),
+        Some(443)
+    );
+    // A listener that serves no IPv6: IPv4 alone, ADDRESS-ERROR-CODE IPv6 440; no IPv6
+    // socket asked for.
+    let mut h = dual_harness(false);
+    let mut c = Client::new(USER, PASS);
+    let (request, _) = relay_request(&mut h, &mut c, CLIENT, &udp_additional(2));
+    assert_eq!(request.additional, None);
+    let reply = complete(&mut h, request.relay, Ok(50_002));
+    assert_eq!(relayed(&reply), ["198.51.100.1:50002".parse().unwrap()]);
+    assert_eq!(address_error(&reply), Some((2, 440)));
+    // The IPv4 socket cannot be bound: the whole Allocate fails (508) and holds nothing, the
+    // IPv6 socket bound all the same included.
+    let mut h = dual_harness(true);
+    let mut c = Client::new(USER, PASS);
+    let (request, _) = relay_request(&mut h, &mut c, CLIENT, &udp_additional(2));
+    let bound = BoundRelays {
+        relay: Err(RelayBindError {
+            kind: ErrorKind::AddrInUse,
+        }),
+        additional: Some(Ok(50_003)),
+    };
+    let reply = complete(&mut h, request.relay, bound);
+    assert_eq!(reply.error_code(), Some(508));
+    assert_eq!(h.engine.allocation_count(), 0);
+    assert_eq!(h.engine.poll_close(), request.additional);
+    assert_eq!(h.engine.poll_close(), None);
+}
+
+#[test]
+fn refresh_lifetime_zero_with_a_family_deletes_that_relay_of_a_dual_allocation() {
+    let mut h = dual_harness(true);
+    let mut c = Client::new(USER, PASS);
+    let reply = c.call(&mut h, ALLOCATE, &udp_additional(2));
+    assert_eq!(relayed(&reply).len(), 2);
+    let (v4, v6) = (RelayId(0), RelayId(0).with_family(Family::V6));
+    for (peer, channel) in [(PEER, 0x4001), (PEER6, 0x4002)] {
+        c.call(&mut h, CHANNEL_BIND, &channel_attrs(channel, peer));
+    }
+    let delete = |family: AddressFamily| {
+        move |m: &mut MessageWriteVec, _: TransactionId| {
+            m.add_attribute(&Lifetime::new(0)).unwrap();
+            m.add_attribute(&RequestedAddressFamily::new(family))
+                .unwrap();
+        }
+    };
+    let reply = c.call(&mut h, REFRESH, &delete(AddressFamily::IPV6));
+    assert_eq!(reply.class(), MessageClass::Success);
+    assert_eq!(reply.msg().attribute::<Lifetime>().unwrap().seconds(), 0);
+    // The IPv6 relay is closed, the allocation lives on with IPv4.
+    assert_eq!(h.engine.allocation_count(), 1);
+    assert_eq!(h.engine.poll_close(), Some(v6));
+    assert_eq!(h.engine.poll_close(), None);
+    // Its channel and permission went with it; IPv6 is refused from now on.
+    let frame = [0x40, 0x02, 0, 1, b'x'];
+    assert_eq!(
+        h.send(CLIENT, &frame),
+        ClientAction::Drop(DropReason::NoChannel)
+    );
+    assert_eq!(
+        h.send(CLIENT, &send_indication(PEER6, b"x")),
+        ClientAction::Drop(DropReason::NoPermission)
+    );
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &peer_attr(PEER6))
+            .error_code(),
+        Some(443)
+    );
+    assert_eq!(
+        c.call(&mut h, REFRESH, &delete(AddressFamily::IPV6))
+            .error_code(),
+        Some(443)
+    );
+    // The IPv4 relay still works.
+    let frame = [0x40, 0x01, 0, 1, b'y'];
+    assert_eq!(relayed_to(h.send(CLIENT, &frame), &frame).0, v4);
+    // Its slot is not handed out while the allocation lives.
+    let mut other = Client::new(USER, PASS);
+    let (request, _) = relay_request(&mut h, &mut other, "192.0.2.11:40000", &udp_additional(2));
+    assert_ne!(request.relay, v4);
+    assert_ne!(request.additional, Some(v6));
+    complete(&mut h, request.relay, Ok(50_100));
+    // LIFETIME 0 naming the last relay deletes the allocation.
+    let reply = c.call(&mut h, REFRESH, &delete(AddressFamily::IPV4));
+    assert_eq!(reply.class(), MessageClass::Success);
+    assert_eq!(h.engine.allocation_count(), 1);
+    assert_eq!(h.engine.poll_close(), Some(v4));
+    assert_eq!(h.engine.poll_close(), None);
+}
+
+/// A relay id is reused only once every socket of its allocation was closed, whatever order
+/// the closes come in and however the shell interleaves them with Allocates.
+#[test]
+fn a_dual_allocations_slot_is_reused_only_after_both_closes_are_taken() {
+    let mut h = dual_harness(true);
+    let mut c = Client::new(USER, PASS);
+    c.call(&mut h, ALLOCATE, &udp_additional(2));
+    c.call(&mut h, REFRESH, &|m: &mut MessageWriteVec, _| {
+        m.add_attribute(&Lifetime::new(0)).unwrap()
+    });
+    // One close taken, one waiting: the next Allocate must not get slot 0.
+    let first = h.engine.poll_close().unwrap();
+    let (request, _) = relay_request(&mut h, &mut c, CLIENT, &udp_additional(2));
+    assert_ne!(
+        request.relay.with_family(Family::V4),
+        first.with_family(Family::V4)
+    );
+    let second = h.engine.poll_close().unwrap();
+    assert_eq!(second, first.with_family(second.family()));
+    assert_eq!(h.engine.poll_close(), None);
+}
+
+#[test]
+fn peer_admission_applies_to_ipv6_peers_as_to_ipv4_ones() {
+    let mut h = dual_harness(true);
+    let mut c = Client::new(USER, PASS);
+    c.call(&mut h, ALLOCATE, &udp_additional(2));
+    let v6 = RelayId(0).with_family(Family::V6);
+    // Outside every routed cluster: 403.
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &peer_attr("[2001:db8::1]:5500"))
+            .error_code(),
+        Some(403)
+    );
+    assert_eq!(
+        c.call(
+            &mut h,
+            CHANNEL_BIND,
+            &channel_attrs(0x4001, "[2001:db8::1]:5500")
+        )
+        .error_code(),
+        Some(403)
+    );
+    // The permission is per IP; the port range applies per datagram, both ways.
+    assert_eq!(
+        c.call(&mut h, CREATE_PERMISSION, &peer_attr(PEER6)).class(),
+        MessageClass::Success
+    );
+    assert_eq!(
+        h.send(CLIENT, &send_indication("[fd00::1]:7000", b"x")),
+        ClientAction::Drop(DropReason::NotAdmitted)
+    );
+    assert_eq!(
+        h.peer(v6, "[fd00::1]:7000", b"x").0,
+        PeerAction::Drop(DropReason::NotAdmitted)
+    );
+    assert_eq!(
+        h.peer(v6, "[fd00::2]:5500", b"x").0,
+        PeerAction::Drop(DropReason::NoPermission)
+    );
+    assert!(matches!(
+        h.peer(v6, PEER6, b"x").0,
+        PeerAction::ToClient { .. }
+    ));
+    // A config that stops admitting the peer stops its datagrams.
+    h.snap = Snapshot::from_config_on_host(
+        &parse_config(&config(STATIC_AUTH).replace("\"fd00::/64\"", "\"fd00::9\"")).unwrap(),
+        2,
+        &|_| Vec::new(),
+        &Host {
+            ips: Vec::new(),
+            relay: RelayAddresses {
+                v4: None,
+                v6: Some(Ipv6Addr::LOCALHOST),
+            },
+        },
+    );
+    assert_eq!(
+        h.peer(v6, PEER6, b"x").0,
+        PeerAction::Drop(DropReason::NotAdmitted)
+    );
+    assert_eq!(
+        h.send(CLIENT, &send_indication(PEER6, b"x")),
+        ClientAction::Drop(DropReason::NotAdmitted)
+    );
+}
+
+/// coturn's clients (`turnutils_uclient -Z`) send ADDITIONAL-ADDRESS-FAMILY under the draft's
+/// code 0x8032: a dual allocation all the same.
+#[test]
+fn additional_address_family_under_coturns_draft_code_makes_a_dual_allocation() {
+    let mut h = dual_harness(true);
+    let mut c = Client::new(USER, PASS);
+    let draft = |family: u8| {
+        move |m: &mut MessageWriteVec, t| {
+            udp(m, t);
+            m.add_attribute(&RawAttribute::new(
+                AttributeType::new(0x8032),
+                &[family, 0, 0, 0],
+            ))
+            .unwrap();
+        }
+    };
+    assert_eq!(c.call(&mut h, ALLOCATE, &draft(1)).error_code(), Some(400));
+    let reply = c.call(&mut h, ALLOCATE, &draft(2));
+    assert_eq!(relayed(&reply).len(), 2, "{:?}", reply.error_code());
+}
+
+/// An expired channel number bound again to another peer is judged for that peer: the old
+/// peer's admission verdict (and family) do not carry over.
+#[test]
+fn a_channel_number_rebound_to_another_peer_is_judged_afresh() {
+    let mut h = Harness::new(STATIC_AUTH);
+    let (mut c, _) = allocate(&mut h);
+    let frame = [0x40, 0x01, 0, 1, b'x'];
+    assert_eq!(
+        c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4001, PEER))
+            .class(),
+        MessageClass::Success
+    );
+    assert!(matches!(h.send(CLIENT, &frame), ClientAction::Relay { .. }));
+    c.call(&mut h, REFRESH, &|m: &mut MessageWriteVec, _| {
+        m.add_attribute(&Lifetime::new(1200)).unwrap()
+    });
+    // Expired, before the sweep removes it.
+    h.now += Duration::from_secs(601);
+    // Same IP (so the permission check passes), a port outside media's <5000-6000>.
+    assert_eq!(
+        c.call(
+            &mut h,
+            CHANNEL_BIND,
+            &channel_attrs(0x4001, "10.1.2.3:7000")
+        )
+        .class(),
+        MessageClass::Success
+    );
+    assert_eq!(
+        h.send(CLIENT, &frame),
+        ClientAction::Drop(DropReason::NotAdmitted)
+    );
 }

@@ -3,8 +3,9 @@
 //! `complete_allocate` right after `AllocateRelay`, `poll_close` drained after every call),
 //! next to a model of what it must do.
 //!
-//! The model tracks, per allocation, its client, lifetime, permissions and channels, learnt
-//! only from the engine's own success responses; and it predicts the outcome of every
+//! The model tracks, per allocation, its client, relay sockets (one per family: an IPv4 and
+//! an IPv6 one for a dual allocation), lifetime, permissions and channels, learnt only from
+//! the engine's own success responses; and it predicts the outcome of every
 //! ChannelData message, Send indication and peer datagram exactly (relay or the drop reason),
 //! with the peer admission verdict computed from the config's cluster list
 //! (`StaticEndpoint::admits_ip` and `admits_port` per endpoint, the gateway's own addresses).
@@ -27,18 +28,19 @@ use stun_proto::types::message::{
     MessageWriteExt, MessageWriteVec, Method, TransactionId, BINDING,
 };
 use turn_types::attribute::{
-    ChannelNumber, Data, Lifetime, RequestedTransport, XorPeerAddress, XorRelayedAddress,
+    AdditionalAddressFamily, ChannelNumber, Data, Lifetime, RequestedAddressFamily,
+    RequestedTransport, XorPeerAddress, XorRelayedAddress,
 };
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRESH, SEND};
 use uturn_dataplane::proto::{
-    AllocationLedger, Bytes, ClientAction, DropReason, Engine, Family, ListenerId, ListenerRef,
-    PeerAction, RelayBindError, RelayId, AMPLIFICATION_FACTOR, CHANNEL_LIFETIME, CHANNEL_NUMBERS,
-    PEER_HEADROOM, PERMISSION_LIFETIME,
+    AllocationLedger, BoundRelays, Bytes, ClientAction, DropReason, Engine, Family, ListenerId,
+    ListenerRef, PeerAction, RelayBindError, RelayId, AMPLIFICATION_FACTOR, CHANNEL_LIFETIME,
+    CHANNEL_NUMBERS, PEER_HEADROOM, PERMISSION_LIFETIME,
 };
 use uturn_shared::config::{parse_config, StunnerConfig};
 use uturn_shared::framing::MAX_FRAME;
 use uturn_shared::policy::{canonical_peer, unmapped_ip};
-use uturn_shared::snapshot::{ClusterId, Snapshot};
+use uturn_shared::snapshot::{ClusterId, Host, RelayAddresses, Snapshot};
 use uturn_testkit::engine::{engine_config, long_term_key};
 
 // The virtual clock's Unix epoch, the nonce key, the one static user and the reply buffer
@@ -53,8 +55,14 @@ pub const SETUP_ALLOCATE_TXID: u128 = 0xA11A_11A1_1A11_A11A_11A1_1A11;
 /// Operations one `engine_session` input may run.
 pub const MAX_OPS: usize = 64;
 
-/// The session config: two TURN-UDP listeners (IPv4 and IPv6 relay addresses) with different
-/// routes. `{media}` and `{world}` are filled per variant.
+/// The IPv6 relay address the session host's environment names (`STUNNER_ADDRS`): the `udp`
+/// and `tcp` listeners relay IPv4 as their address and IPv6 as this, so they make dual
+/// allocations.
+pub const HOST_RELAY6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2);
+
+/// The session config: two TURN-UDP listeners (IPv4 and IPv6 relay addresses, and IPv6 from
+/// the host for the first) with different routes. `{media}` and `{world}` are filled per
+/// variant.
 const SESSION_CONFIG: &str = r#"
 version: v1
 auth:
@@ -136,16 +144,28 @@ pub struct Variant {
     pub snap: Snapshot,
 }
 
-fn variant(text: &str) -> Variant {
+fn variant(text: &str, host: &Host) -> Variant {
     let cfg = parse_config(text).unwrap_or_else(|e| panic!("harness config: {e}"));
-    let snap = Snapshot::from_config_on_host(&cfg, 1, &|_| Vec::new(), &Default::default());
+    let snap = Snapshot::from_config_on_host(&cfg, 1, &|_| Vec::new(), host);
     Variant { cfg, snap }
 }
 
-/// The session configs (full, narrowed).
+/// The session configs (full, narrowed), on a host that names [`HOST_RELAY6`].
 pub fn session_variants() -> &'static [Variant] {
     static V: OnceLock<Vec<Variant>> = OnceLock::new();
-    V.get_or_init(|| vec![variant(&session_config(0)), variant(&session_config(1))])
+    V.get_or_init(|| {
+        let host = Host {
+            ips: Vec::new(),
+            relay: RelayAddresses {
+                v4: None,
+                v6: Some(HOST_RELAY6),
+            },
+        };
+        vec![
+            variant(&session_config(0), &host),
+            variant(&session_config(1), &host),
+        ]
+    })
 }
 
 /// The unauthenticated configs (static, ephemeral auth).
@@ -157,7 +177,8 @@ pub fn unauth_variants() -> &'static [Variant] {
             "type: ephemeral\n  realm: fuzz.example\n  credentials: {secret: s3cr3t}",
         );
         assert_ne!(ephemeral, UNAUTH_STATIC);
-        vec![variant(UNAUTH_STATIC), variant(&ephemeral)]
+        let host = Host::default();
+        vec![variant(UNAUTH_STATIC, &host), variant(&ephemeral, &host)]
     })
 }
 
@@ -265,7 +286,10 @@ fn unknown_required(req: &Message<'_>) -> Vec<AttributeType> {
 
 struct AllocModel {
     client: usize,
-    relay: u32,
+    /// Its slot: relay socket ids `2 * slot` (IPv4) and `2 * slot + 1` (IPv6).
+    slot: u32,
+    /// The ids of its relay sockets open.
+    relays: Vec<u32>,
     expires: Instant,
     allocate_response: Vec<u8>,
     permissions: HashMap<IpAddr, Instant>,
@@ -298,7 +322,11 @@ pub struct Harness {
     next_port: u16,
     clients: Vec<(usize, SocketAddr)>,
     nonces: Vec<Option<String>>,
+    /// By slot.
     allocs: HashMap<u32, AllocModel>,
+    /// Relay sockets the engine must close though their allocation lives on (or never was):
+    /// one relay of a dual allocation deleted, or bound for an Allocate that failed.
+    to_close: Vec<u32>,
     /// Whether an allocation may be made at all (false: unauthenticated input only).
     authenticated: bool,
 }
@@ -332,6 +360,7 @@ impl Harness {
             clients,
             nonces: vec![None; n],
             allocs: HashMap::new(),
+            to_close: Vec::new(),
             authenticated,
         }
     }
@@ -405,7 +434,7 @@ impl Harness {
             .allocs
             .values()
             .filter(|a| a.expires <= now)
-            .map(|a| a.relay)
+            .flat_map(|a| a.relays.iter().copied())
             .collect();
         expired.sort_unstable();
         let mut closed = self.drain_closes();
@@ -420,20 +449,36 @@ impl Harness {
         self.check_global();
     }
 
-    /// Relays the engine asked to close; they leave the model.
+    /// Relays the engine asked to close; an allocation leaves the model with its last.
     fn drain_closes(&mut self) -> Vec<u32> {
         let mut closed = Vec::new();
         while let Some(RelayId(r)) = self.engine.poll_close() {
-            let Some(a) = self.allocs.remove(&r) else {
+            if let Some(i) = self.to_close.iter().position(|&c| c == r) {
+                self.to_close.swap_remove(i);
+                continue;
+            }
+            let Some(a) = self.allocs.get_mut(&(r >> 1)) else {
                 panic!("engine closed relay {r}, which holds no allocation");
             };
-            assert!(
-                !self.has_allocation(a.client),
-                "relay {r} closed but client {} still has an allocation",
-                a.client
-            );
+            let Some(i) = a.relays.iter().position(|&c| c == r) else {
+                panic!("engine closed relay {r}, which its allocation does not have");
+            };
+            a.relays.swap_remove(i);
+            if a.relays.is_empty() {
+                let a = self.allocs.remove(&(r >> 1)).unwrap();
+                assert!(
+                    !self.has_allocation(a.client),
+                    "relay {r} closed but client {} still has an allocation",
+                    a.client
+                );
+            }
             closed.push(r);
         }
+        assert!(
+            self.to_close.is_empty(),
+            "relays {:?} not closed",
+            self.to_close
+        );
         closed
     }
 
@@ -510,7 +555,7 @@ impl Harness {
                 };
                 match self.oracle(listener, peer.ip(), Some(peer.port())) {
                     Some(cluster) => Expect::Relay {
-                        relay: alloc.relay,
+                        relay: relay_of(alloc, peer),
                         peer,
                         payload: 4..4 + len,
                         cluster,
@@ -541,7 +586,7 @@ impl Harness {
                         }
                         match self.oracle(listener, p.ip(), Some(p.port())) {
                             Some(cluster) => Expect::Relay {
-                                relay: alloc.relay,
+                                relay: relay_of(alloc, p),
                                 peer: p,
                                 payload: offset + 4..offset + 4 + d.length() as usize,
                                 cluster,
@@ -570,6 +615,7 @@ impl Harness {
 
     /// Whether a live permission covers `ip`.
     fn permitted(&self, a: &AllocModel, ip: IpAddr) -> bool {
+        debug_assert!(a.permissions.keys().all(|&p| relays_to(a, p)));
         a.permissions.get(&ip).is_some_and(|exp| *exp > self.now)
     }
 
@@ -627,21 +673,43 @@ impl Harness {
                     "relay family {:?} is not one the listener serves ({relay})",
                     req.family
                 );
+                assert_eq!(req.family, req.relay.family());
+                let slot = req.relay.0 >> 1;
                 assert!(
-                    !self.allocs.contains_key(&req.relay.0),
-                    "AllocateRelay reuses live relay {}",
-                    req.relay.0
+                    !self.allocs.contains_key(&slot),
+                    "AllocateRelay reuses live slot {slot}"
                 );
                 let msg = Message::from_bytes(data).expect("Allocate parsed");
                 assert_eq!(msg.method(), ALLOCATE);
+                let dual = msg.has_attribute(AdditionalAddressFamily::TYPE);
+                if let Some(additional) = req.additional {
+                    assert!(dual, "an additional relay not asked for");
+                    assert_eq!(
+                        (req.family, additional.family(), additional.0 >> 1),
+                        (Family::V4, Family::V6, slot)
+                    );
+                    assert!(relay.v6.is_some(), "an IPv6 relay the listener does not serve");
+                }
                 self.next_port = self.next_port.wrapping_add(2).max(1024);
                 let port = self.next_port;
-                let bound = if bind_ok {
-                    Ok(port)
-                } else {
+                let failed = || {
                     Err(RelayBindError {
                         kind: std::io::ErrorKind::AddrInUse,
                     })
+                };
+                // The IPv6 socket of a dual allocation fails to bind for a quarter of the
+                // requests (by the last byte of their MESSAGE-INTEGRITY); bound even when the
+                // first failed, so that the engine must close it.
+                let additional_ok = data.last().is_some_and(|b| b & 3 != 0);
+                let bound = BoundRelays {
+                    relay: if bind_ok { Ok(port) } else { failed() },
+                    additional: req.additional.map(|_| {
+                        if additional_ok {
+                            Ok(port.wrapping_add(1))
+                        } else {
+                            failed()
+                        }
+                    }),
                 };
                 if tracing() {
                     eprintln!("    AllocateRelay {req:?} -> bind {bound:?}");
@@ -662,16 +730,25 @@ impl Harness {
                 if bind_ok {
                     assert_eq!(r.class(), MessageClass::Success);
                     let txid = r.transaction_id();
-                    let relayed = r.attribute::<XorRelayedAddress>().expect("relayed").addr(txid);
+                    let relayed: Vec<SocketAddr> = (0..)
+                        .map_while(|i| r.nth_attribute::<XorRelayedAddress>(i).ok())
+                        .map(|a| a.addr(txid))
+                        .collect();
+                    let mut want = vec![SocketAddr::new(
+                        relay.get(req.family == Family::V6).unwrap(),
+                        port,
+                    )];
+                    let mut relays = vec![req.relay.0];
+                    if let (Some(additional), true) = (req.additional, additional_ok) {
+                        want.push(SocketAddr::new(relay.v6.unwrap().into(), port.wrapping_add(1)));
+                        relays.push(additional.0);
+                    }
+                    assert_eq!(relayed, want, "XOR-RELAYED-ADDRESS");
+                    // RFC 8656 §7.2: a dual Allocate's IPv6 relay not had is said, not failed.
                     assert_eq!(
-                        relayed,
-                        SocketAddr::new(
-                            self.snap.listeners[listener]
-                                .relay
-                                .get(relayed.is_ipv6())
-                                .expect("a family the listener serves"),
-                            port
-                        )
+                        r.has_attribute(AttributeType::new(0x8001)),
+                        dual && relays.len() == 1,
+                        "ADDRESS-ERROR-CODE"
                     );
                     let mapped = r.attribute::<XorMappedAddress>().expect("mapped").addr(txid);
                     assert_eq!(mapped, from);
@@ -679,10 +756,11 @@ impl Harness {
                     assert!((1..3600).contains(&lifetime), "granted lifetime {lifetime}");
                     assert!(self.has_allocation(client));
                     self.allocs.insert(
-                        req.relay.0,
+                        slot,
                         AllocModel {
                             client,
-                            relay: req.relay.0,
+                            slot,
+                            relays,
                             expires: self.now + Duration::from_secs(u64::from(lifetime)),
                             allocate_response: reply,
                             permissions: HashMap::new(),
@@ -693,6 +771,9 @@ impl Harness {
                     assert_eq!(r.class(), MessageClass::Error);
                     assert_eq!(r.attribute::<ErrorCode>().map(|e| e.code()), Ok(508));
                     assert!(!self.has_allocation(client));
+                    if let (Some(additional), true) = (req.additional, additional_ok) {
+                        self.to_close.push(additional.0);
+                    }
                 }
             }
             (
@@ -711,6 +792,7 @@ impl Harness {
             ) => {
                 assert!(range.start <= range.end && range.end <= data.len(), "payload {range:?} outside the {}-byte input", data.len());
                 assert_eq!((*relay, *peer, payload, *cluster), (r.0, p, &range, c), "relay differs from the model");
+                assert_eq!(r.family(), family_of(p.ip()), "relayed from a socket of another family");
             }
             (Expect::Drop(want), ClientAction::Drop(got)) => {
                 assert_eq!(*want, got, "drop reason differs from the model for {data:02x?}");
@@ -818,15 +900,15 @@ impl Harness {
         }
         // Success for a TURN method: only ever to the one user, for an allocation it holds.
         assert!(signed, "unsigned success to {:?}", req.method());
-        let relay = self
+        let slot = self
             .alloc_of(client)
-            .map(|a| a.relay)
+            .map(|a| a.slot)
             .unwrap_or_else(|| panic!("success to {:?} without an allocation", req.method()));
         let now = self.now;
         let txid = req.transaction_id();
         let method = req.method();
         if method == ALLOCATE {
-            let a = &self.allocs[&relay];
+            let a = &self.allocs[&slot];
             assert_eq!(
                 reply, a.allocate_response,
                 "retransmitted Allocate got another answer"
@@ -836,15 +918,39 @@ impl Harness {
                 .attribute::<Lifetime>()
                 .expect("Refresh LIFETIME")
                 .seconds();
-            if lifetime == 0 {
+            // RFC 8656 §7.3: a REQUESTED-ADDRESS-FAMILY names a relay the allocation has.
+            let family = req.attribute::<RequestedAddressFamily>().ok().map(|f| {
+                if f.family() == turn_types::AddressFamily::IPV4 {
+                    Family::V4
+                } else {
+                    Family::V6
+                }
+            });
+            let held = self.has_allocation(client);
+            let a = self.allocs.get_mut(&slot).unwrap();
+            if let Some(family) = family {
                 assert!(
-                    !self.has_allocation(client),
-                    "Refresh 0 left the allocation"
+                    a.relays.contains(&(slot << 1 | family as u32)),
+                    "Refresh naming {family:?}, which the allocation has no relay of"
                 );
+            }
+            if lifetime == 0 {
+                match family {
+                    // LIFETIME 0 and a family, on a dual allocation: that relay is deleted,
+                    // with the permissions and channels of its family.
+                    Some(family) if a.relays.len() == 2 => {
+                        assert!(held, "one relay deleted, not both");
+                        let r = slot << 1 | family as u32;
+                        a.relays.retain(|&c| c != r);
+                        a.permissions.retain(|&ip, _| family_of(ip) != family);
+                        a.channels.retain(|_, (p, _)| family_of(p.ip()) != family);
+                        self.to_close.push(r);
+                    }
+                    _ => assert!(!held, "Refresh 0 left the allocation"),
+                }
             } else {
                 assert!(lifetime < 3600, "Refresh granted {lifetime}");
-                self.allocs.get_mut(&relay).unwrap().expires =
-                    now + Duration::from_secs(u64::from(lifetime));
+                a.expires = now + Duration::from_secs(u64::from(lifetime));
             }
         } else if method == CREATE_PERMISSION {
             let mut peers = Vec::new();
@@ -861,11 +967,9 @@ impl Harness {
                     self.oracle(listener, ip, None).is_some(),
                     "permission to {ip} granted against the policy"
                 );
-                self.allocs
-                    .get_mut(&relay)
-                    .unwrap()
-                    .permissions
-                    .insert(ip, now + PERMISSION_LIFETIME);
+                let a = self.allocs.get_mut(&slot).unwrap();
+                assert!(relays_to(a, ip), "permission to {ip}, a family not relayed");
+                a.permissions.insert(ip, now + PERMISSION_LIFETIME);
             }
         } else if method == CHANNEL_BIND {
             let number = req
@@ -883,7 +987,8 @@ impl Harness {
                 self.oracle(listener, p.ip(), None).is_some(),
                 "channel to {p} granted against the policy"
             );
-            let a = self.allocs.get_mut(&relay).unwrap();
+            let a = self.allocs.get_mut(&slot).unwrap();
+            assert!(relays_to(a, p.ip()), "channel to {p}, a family not relayed");
             for (&other, &(q, exp)) in &a.channels {
                 if exp > now {
                     assert!(
@@ -906,7 +1011,12 @@ impl Harness {
         relay: u32,
         peer: SocketAddr,
     ) -> Result<(usize, usize, ClusterId, Option<u16>), DropReason> {
-        let Some(a) = self.allocs.get(&relay) else {
+        // A socket the allocation does not have (or no allocation): nothing to relay to.
+        let Some(a) = self
+            .allocs
+            .get(&(relay >> 1))
+            .filter(|a| a.relays.contains(&relay))
+        else {
             return Err(DropReason::NoAllocation);
         };
         let listener = self.clients[a.client].0;
@@ -1056,12 +1166,35 @@ impl Harness {
         );
     }
 
-    /// The relays of the allocations held, in order.
+    /// The relay sockets of the allocations held, in order.
     pub fn relays(&self) -> Vec<u32> {
-        let mut r: Vec<u32> = self.allocs.keys().copied().collect();
+        let mut r: Vec<u32> = self
+            .allocs
+            .values()
+            .flat_map(|a| a.relays.iter().copied())
+            .collect();
         r.sort_unstable();
         r
     }
+}
+
+/// Whether `a` has a relay socket of `ip`'s family.
+fn relays_to(a: &AllocModel, ip: IpAddr) -> bool {
+    a.relays.contains(&(a.slot << 1 | family_of(ip) as u32))
+}
+
+/// The family of `ip` once canonical (IPv4-mapped is IPv4).
+fn family_of(ip: IpAddr) -> Family {
+    if unmapped_ip(ip).is_ipv4() {
+        Family::V4
+    } else {
+        Family::V6
+    }
+}
+
+/// The relay socket of `a` a datagram to `peer` leaves from: the one of the peer's family.
+fn relay_of(a: &AllocModel, peer: SocketAddr) -> u32 {
+    a.slot << 1 | u32::from(peer.is_ipv6())
 }
 
 /// A request the harness signs.
@@ -1248,7 +1381,7 @@ pub fn run_session(data: &[u8]) {
                 h.client(client, datagram, true);
             }
             op::PEER => {
-                let relay = u32::from(input.u8() % 5);
+                let relay = u32::from(input.u8() % 10);
                 let peer = read_peer(&mut input);
                 let payload = input.len_prefixed(MAX_DATAGRAM);
                 h.peer(relay, peer, payload);

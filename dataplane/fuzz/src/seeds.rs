@@ -401,10 +401,56 @@ fn engine_session() -> Vec<(String, Vec<u8>)> {
             .auth(2, M_PERMISSION, 62, 0, bit(14) | bit(12), &[])
             .send(2, 4, 63, b"via NAT64")
             .send(2, 11, 64, b"world v6")
-            .peer(1, 5, b"from fd00::5")
+            .peer(3, 5, b"from fd00::5")
             .auth(3, M_ALLOCATE, 65, 0, 0, &[UDP, (0x0017, &[2, 0, 0, 0])])
             .auth(2, M_BIND, 66, 0, bit(5), &[(0x000C, &[0x40, 0x10, 0, 0])])
-            .peer(1, 5, b"framed in place")
+            .peer(3, 5, b"framed in place")
+            .done(),
+    );
+    // Relay socket ids: slot * 2 for IPv4, slot * 2 + 1 for IPv6; client 1's allocation has
+    // slot 1 (the setup's has 0).
+    let v6 = (0x0017, &[2u8, 0, 0, 0][..]);
+    let additional = |family: u8| (0x8000, [family, 0, 0, 0]);
+    let (add6, add4) = (additional(2), additional(1));
+    let (add6, add4) = ((add6.0, &add6.1[..]), (add4.0, &add4.1[..]));
+    add(
+        "dual_allocation",
+        Session::new(0)
+            .auth(1, M_ALLOCATE, 130, 0, 0, &[UDP, add6])
+            .auth(1, M_PERMISSION, 131, 0, bit(2) | bit(5), &[])
+            .send(1, 2, 132, b"to the IPv4 peer")
+            .send(1, 5, 133, b"to the IPv6 peer")
+            .peer(2, 2, b"back from IPv4")
+            .peer(3, 5, b"back from IPv6")
+            .auth(1, M_BIND, 134, 0, bit(5), &[(0x000C, &[0x40, 0x05, 0, 0])])
+            .peer(3, 5, b"framed in place")
+            .auth(1, M_ALLOCATE, 130, 0, 0, &[UDP, add6])
+            .auth(1, M_REFRESH, 135, 0, 0, &[(0x000D, &l120), v6])
+            .auth(1, M_REFRESH, 136, 0, 0, &[(0x000D, &l0), v6])
+            .send(1, 5, 137, b"IPv6 relay deleted")
+            .peer(3, 5, b"IPv6 relay deleted")
+            .peer(2, 2, b"IPv4 lives on")
+            .auth(1, M_PERMISSION, 138, 0, bit(5), &[])
+            .auth(
+                1,
+                M_REFRESH,
+                139,
+                0,
+                0,
+                &[(0x000D, &l0), (0x0017, &[1, 0, 0, 0])],
+            )
+            .done(),
+    );
+    add(
+        "dual_allocate_errors",
+        Session::new(0)
+            .auth(1, M_ALLOCATE, 140, 0, 0, &[UDP, add4])
+            .auth(1, M_ALLOCATE, 141, 0, 0, &[UDP, add6, v6])
+            .auth(2, M_ALLOCATE, 142, 0, 0, &[UDP, add6])
+            .auth(1, M_ALLOCATE, 143, AuthRequest::BIND_FAILS, 0, &[UDP, add6])
+            .auth(1, M_ALLOCATE, 144, 0, 0, &[UDP, add6, (0x0018, &[0])])
+            .auth(3, M_ALLOCATE, 145, 0, 0, &[UDP, v6])
+            .advance(700)
             .done(),
     );
     add(
@@ -465,7 +511,7 @@ fn engine_session() -> Vec<(String, Vec<u8>)> {
             .auth(4, M_ALLOCATE, 120, 0, 0, &[UDP])
             .auth(4, M_BIND, 121, 0, bit(2), &[(0x000C, &[0x40, 0x00, 0, 0])])
             .client(4, &cd(0x4000, &[7; 2000]))
-            .peer(1, 2, b"over the stream")
+            .peer(2, 2, b"over the stream")
             .auth(
                 4,
                 M_REFRESH,

@@ -69,10 +69,11 @@ pub fn prepare_stream(socket: &Socket) -> io::Result<()> {
     Ok(())
 }
 
-/// A relay socket as `request` asks: wildcard of its family, kernel-chosen port (even if asked),
-/// no fragmentation when asked (DF on IPv4, no source fragmentation on IPv6).
-pub fn relay_socket(request: &RelayRequest) -> io::Result<(Socket, u16)> {
-    let wildcard = match request.family {
+/// A relay socket of `family` as `request` asks: wildcard of that family (IPv6 only on an
+/// IPv6 socket), kernel-chosen port (even if asked), no fragmentation when asked (DF on IPv4,
+/// no source fragmentation on IPv6).
+pub fn relay_socket(family: Family, request: &RelayRequest) -> io::Result<(Socket, u16)> {
+    let wildcard = match family {
         Family::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         Family::V6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
     };
@@ -88,7 +89,7 @@ pub fn relay_socket(request: &RelayRequest) -> io::Result<(Socket, u16)> {
             continue;
         }
         if request.dont_fragment {
-            set_dont_fragment(&socket, request.family)?;
+            set_dont_fragment(&socket, family)?;
         }
         return Ok((socket, port));
     }
@@ -190,11 +191,12 @@ mod tests {
             for family in [Family::V4, Family::V6] {
                 let request = RelayRequest {
                     relay: RelayId(0),
-                    family,
+                    family: Family::V4,
+                    additional: Some(RelayId(1)),
                     even_port: false,
                     dont_fragment,
                 };
-                let (socket, _) = relay_socket(&request).expect("relay socket");
+                let (socket, _) = relay_socket(family, &request).expect("relay socket");
                 let (got, want) = match family {
                     Family::V4 => (
                         option(&socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER),

@@ -15,9 +15,42 @@ pub const PEER_HEADROOM: usize = 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ListenerId(pub u32);
 
-/// The engine's handle for an allocation and its relay socket (an index the shell mirrors).
+/// The engine's handle for a relay socket: an allocation's slot and the socket's family, so an
+/// allocation holds at most one relay socket of each family (two for a dual allocation, RFC
+/// 8656 §7.2). The shell mirrors the ids in a dense table: slot `s` has ids `2s` (IPv4) and
+/// `2s + 1` (IPv6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RelayId(pub u32);
+
+impl RelayId {
+    /// The relay socket of family `family` of the allocation in `slot`.
+    #[inline]
+    pub(super) fn new(slot: u32, family: Family) -> RelayId {
+        RelayId(slot << 1 | family as u32)
+    }
+
+    /// The slot of the allocation the socket belongs to.
+    #[inline]
+    pub(super) fn slot(self) -> u32 {
+        self.0 >> 1
+    }
+
+    /// The family of the socket.
+    #[inline]
+    pub fn family(self) -> Family {
+        if self.0 & 1 == 0 {
+            Family::V4
+        } else {
+            Family::V6
+        }
+    }
+
+    /// The relay socket of family `family` of the same allocation.
+    #[inline]
+    pub fn with_family(self, family: Family) -> RelayId {
+        RelayId::new(self.slot(), family)
+    }
+}
 
 /// A listener as the engine sees it on each call.
 #[derive(Debug, Clone, Copy)]
@@ -46,21 +79,52 @@ pub enum ClientAction {
         /// The cluster that admitted the peer (for per-cluster counters).
         cluster: ClusterId,
     },
-    /// Bind a relay socket as described, then call [`super::Engine::complete_allocate`].
+    /// Bind the relay sockets described, then call [`super::Engine::complete_allocate`].
     AllocateRelay(RelayRequest),
 }
 
-/// A request for a relay socket.
+/// A request for an allocation's relay sockets: one, or two for a dual allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RelayRequest {
-    /// The slot the socket belongs to.
+    /// The socket to bind; its family ([`RelayId::family`]) is the one to bind (the wildcard
+    /// of that family).
     pub relay: RelayId,
-    /// Address family to bind (the wildcard of that family).
+    /// Address family of `relay`.
     pub family: Family,
-    /// RFC 8656 EVEN-PORT: the port must be even.
+    /// A dual allocation's second socket (RFC 8656 ADDITIONAL-ADDRESS-FAMILY): IPv6, after
+    /// `relay` (IPv4). Its bind may fail alone: the allocation then goes on without it.
+    pub additional: Option<RelayId>,
+    /// RFC 8656 EVEN-PORT: the port must be even (of each socket).
     pub even_port: bool,
     /// RFC 8656 DONT-FRAGMENT: set DF on relayed IPv4 datagrams.
     pub dont_fragment: bool,
+}
+
+impl RelayRequest {
+    /// The sockets to bind, first `relay`, then the additional one.
+    pub fn sockets(&self) -> impl Iterator<Item = RelayId> {
+        std::iter::once(self.relay).chain(self.additional)
+    }
+}
+
+/// The shell's answer to a [`RelayRequest`]: the port of each socket it bound, or why not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundRelays {
+    /// The socket of [`RelayRequest::relay`].
+    pub relay: Result<u16, RelayBindError>,
+    /// The socket of [`RelayRequest::additional`], when one was asked for (a shell that could
+    /// not bind `relay` need not try it).
+    pub additional: Option<Result<u16, RelayBindError>>,
+}
+
+impl From<Result<u16, RelayBindError>> for BoundRelays {
+    /// The answer to a request for one socket.
+    fn from(relay: Result<u16, RelayBindError>) -> Self {
+        BoundRelays {
+            relay,
+            additional: None,
+        }
+    }
 }
 
 /// Why the shell could not bind (or watch) the relay socket an Allocate asked for; the client
@@ -81,12 +145,26 @@ impl From<&std::io::Error> for RelayBindError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     /// IPv4.
-    V4,
+    V4 = 0,
     /// IPv6.
-    V6,
+    V6 = 1,
 }
 
 impl Family {
+    /// Both families, IPv4 first.
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+
+    /// The family of a canonical address: IPv6 unless IPv4 (a caller that may hold an
+    /// IPv4-mapped address uses [`Family::of`]).
+    #[inline]
+    pub(super) fn of_canonical(addr: SocketAddr) -> Family {
+        if addr.is_ipv4() {
+            Family::V4
+        } else {
+            Family::V6
+        }
+    }
+
     /// The family of `ip` once canonical (an IPv4-mapped IPv6 address is IPv4).
     pub(super) fn of(ip: IpAddr) -> Family {
         match unmapped_ip(ip) {

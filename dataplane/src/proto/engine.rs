@@ -2,10 +2,10 @@
 //! authenticator and the per-source budgets, dispatches each message to its handler and turns
 //! the handler's verdict into the reply, transmit or drop the shell acts on.
 
-use super::allocate::{self, AllocateRequest, PendingAllocate};
+use super::allocate::{self, AllocateRequest, PendingAllocate, Refreshed};
 use super::auth::{Authenticated, Authenticator};
 use super::contract::{
-    ClientAction, DropReason, ListenerId, ListenerRef, PeerAction, RelayBindError, RelayId,
+    BoundRelays, ClientAction, DropReason, Family, ListenerId, ListenerRef, PeerAction, RelayId,
     RelayRequest,
 };
 use super::error::RequestError;
@@ -82,16 +82,16 @@ impl EngineStats {
 /// [`Snapshot`], and returns what the IO shell must do. The shell drives it in this order:
 ///
 /// 1. A datagram (or a stream frame) from a client on a listener → [`Engine::handle_client`];
-///    act on the [`ClientAction`] it returns. On [`ClientAction::AllocateRelay`], bind a relay
-///    socket as the [`RelayRequest`] asks and answer at once, before any other call, with
-///    [`Engine::complete_allocate`] (the port, or the [`RelayBindError`]); send the reply it
-///    writes.
+///    act on the [`ClientAction`] it returns. On [`ClientAction::AllocateRelay`], bind the relay
+///    sockets the [`RelayRequest`] asks for (two for a dual allocation) and answer at once,
+///    before any other call, with [`Engine::complete_allocate`] (each port, or the
+///    [`super::RelayBindError`]); send the reply it writes.
 /// 2. A datagram from a peer on relay socket `r`, read into `buf[PEER_HEADROOM..]` →
 ///    [`Engine::handle_peer`]; send what the [`PeerAction`] says.
 /// 3. When the instant [`Engine::poll_timeout`] gives passes, call [`Engine::handle_timeout`];
 ///    ask `poll_timeout` again after every call, as a new allocation starts the timer.
 /// 4. After any call, drain [`Engine::poll_close`] and close those relay sockets (soon: an
-///    ended allocation's [`RelayId`] is reused only once `poll_close` has returned it).
+///    ended allocation's [`RelayId`]s are reused only once `poll_close` has returned them).
 /// 5. A listener closed or restarted → [`Engine::close_listener`]; a stream connection or
 ///    DTLS session ended → [`Engine::close_client`]; then drain `poll_close` as in 4.
 pub struct Engine {
@@ -162,8 +162,9 @@ impl Engine {
     }
 
     /// The next allocation whose offloadable channels may have changed (a ChannelBind,
-    /// CreatePermission or Refresh on it): read them with [`Engine::offload_channels`]. An
-    /// ended allocation is reported by [`Engine::poll_close`] instead.
+    /// CreatePermission or Refresh on it), as its IPv4 relay socket (the kernel relays IPv4
+    /// only): read them with [`Engine::offload_channels`]. An ended allocation (or relay) is
+    /// reported by [`Engine::poll_close`] instead.
     pub fn poll_offload(&mut self) -> Option<RelayId> {
         self.offload_changes.as_mut()?.pop()
     }
@@ -173,19 +174,23 @@ impl Engine {
     pub fn recheck_offload(&mut self) {
         if let Some(changes) = self.offload_changes.as_mut() {
             changes.clear();
-            changes.extend(self.allocations.with_channels().map(RelayId));
+            changes.extend(
+                self.allocations
+                    .with_channels()
+                    .map(|slot| RelayId::new(slot, Family::V4)),
+            );
         }
     }
 
-    /// The channels of allocation `relay` that the kernel may relay at `now` under `snap`
-    /// (none if the allocation ended).
+    /// The channels of the allocation of relay socket `relay` that the kernel may relay at
+    /// `now` under `snap` (none if the allocation ended).
     pub fn offload_channels(
         &mut self,
         relay: RelayId,
         snap: &Snapshot,
         now: Instant,
     ) -> Vec<OffloadChannel> {
-        let Some(alloc) = self.allocations.get_mut(relay.0) else {
+        let Some(alloc) = self.allocations.get_mut(relay.slot()) else {
             return Vec::new();
         };
         alloc.offload_channels(snap, now)
@@ -402,18 +407,24 @@ impl Engine {
         if let Some(changes) = self.offload_changes.as_mut() {
             // The request may extend or add what the kernel relays for this allocation; the
             // shell reads it back through `offload_channels` (a failure changes nothing).
-            if !changes.contains(&RelayId(slot)) {
-                changes.push(RelayId(slot));
+            let relay = RelayId::new(slot, Family::V4);
+            if !changes.contains(&relay) {
+                changes.push(relay);
             }
         }
         match msg.method() {
-            REFRESH => {
-                let lifetime = allocate::refresh(alloc, now, msg)?;
-                if lifetime.is_zero() {
+            REFRESH => match allocate::refresh(alloc, now, msg)? {
+                Refreshed::Extended(lifetime) => Ok(Some(lifetime.as_secs() as u32)),
+                Refreshed::Deleted => {
                     self.delete_allocation(slot);
+                    Ok(Some(0))
                 }
-                Ok(Some(lifetime.as_secs() as u32))
-            }
+                // The relay named is deleted: its lifetime is zero, as for a whole allocation.
+                Refreshed::RelayDeleted(family) => {
+                    self.relays_to_close.push(RelayId::new(slot, family));
+                    Ok(Some(0))
+                }
+            },
             CREATE_PERMISSION => {
                 permission::create_permission(alloc, msg, snap, now, max_permissions, denial_log)
                     .map(|()| None)
@@ -474,8 +485,8 @@ impl Engine {
         }
     }
 
-    /// An authenticated Allocate on a free 5-tuple: reserves quota and a relay slot, and asks
-    /// the shell for the relay socket.
+    /// An authenticated Allocate on a free 5-tuple: reserves quota (one unit, dual or not) and
+    /// a slot, and asks the shell for the relay sockets.
     fn handle_allocate(
         &mut self,
         snap: &Snapshot,
@@ -506,38 +517,43 @@ impl Engine {
             };
             return self.reply_error(msg, error, integrity, out);
         }
-        let relay = self.allocations.reserve_slot();
+        let slot = self.allocations.reserve_slot();
+        let (even_port, dont_fragment) = (request.even_port, request.dont_fragment);
+        let pending = PendingAllocate::new(slot, key, listener.spec, request, authenticated, msg);
         let relay_request = RelayRequest {
-            relay,
-            family: request.family,
-            even_port: request.even_port,
-            dont_fragment: request.dont_fragment,
+            relay: pending.relay,
+            family: pending.relay.family(),
+            additional: pending.additional_relay(),
+            even_port,
+            dont_fragment,
         };
-        self.pending = Some(PendingAllocate::new(
-            relay,
-            key,
-            listener.spec,
-            &request,
-            authenticated,
-            msg,
-        ));
+        self.pending = Some(pending);
         ClientAction::AllocateRelay(relay_request)
     }
 
-    /// Completes the Allocate that asked for `relay`: `bound_port` is the relay socket's port,
-    /// or why it could not be bound. Returns the length of the reply written to `out`.
+    /// Completes the Allocate that asked for `relay`: `bound` is the port of each relay socket
+    /// (a `Result<u16, RelayBindError>` for a request of one), or why it could not be bound.
+    /// Returns the length of the reply written to `out`.
     pub fn complete_allocate(
         &mut self,
         now: Instant,
         relay: RelayId,
-        bound_port: Result<u16, RelayBindError>,
+        bound: impl Into<BoundRelays>,
         out: &mut [u8],
     ) -> Option<usize> {
+        let bound: BoundRelays = bound.into();
         let pending = self.pending.take().filter(|p| p.relay == relay)?;
-        let port = match bound_port {
+        let slot = relay.slot();
+        let additional = pending.additional_relay();
+        let port = match bound.relay {
             Ok(port) => port,
             Err(bind_error) => {
-                self.allocations.release_slot(relay);
+                // The whole Allocate fails; an additional socket bound all the same is closed,
+                // and the slot is free once it is.
+                match (additional, bound.additional) {
+                    (Some(socket), Some(Ok(_))) => self.relays_to_close.push(socket),
+                    _ => self.allocations.release_slot(slot),
+                }
                 self.config.ledger.release(&pending.user_id);
                 let error = RequestError::RelayBindFailed(bind_error);
                 return wire::error_response_raw(
@@ -550,24 +566,31 @@ impl Engine {
                 );
             }
         };
-        let relay_addr = SocketAddr::new(pending.advertised_ip, port);
+        let additional_port = bound
+            .additional
+            .map(|port| port.map_err(RequestError::RelayBindFailed));
+        let (relays, families, ipv6_error) = pending.relayed(port, additional_port);
         let Some(n) = wire::allocate_success(
             pending.txid,
-            relay_addr,
+            &relays,
+            ipv6_error.as_ref(),
             pending.key.client,
             pending.lifetime.as_secs() as u32,
             &pending.integrity,
             out,
         ) else {
-            // `out` too small (our bug): the relay socket is closed and nothing is held (the
-            // slot is freed once the shell has taken the close, as for any ended allocation).
-            self.relays_to_close.push(relay);
+            // `out` too small (our bug): the relay sockets are closed and nothing is held (the
+            // slot is freed once the shell has taken the closes, as for any ended allocation).
+            self.relays_to_close
+                .extend(families.iter().map(|family| RelayId::new(slot, family)));
             self.config.ledger.release(&pending.user_id);
             self.dropped(DropReason::Internal);
             return None;
         };
-        self.allocations
-            .insert(relay, pending.into_allocation(now, out[..n].to_vec()));
+        self.allocations.insert(
+            slot,
+            pending.into_allocation(now, families, out[..n].to_vec()),
+        );
         self.stats.allocations_created += 1;
         self.next_sweep.get_or_insert(now + SWEEP_INTERVAL);
         Some(n)
@@ -584,7 +607,12 @@ impl Engine {
         buf: &mut [u8],
         out: &mut [u8],
     ) -> PeerAction {
-        let Some(alloc) = self.allocations.get_mut(relay.0) else {
+        // A socket the allocation does not have is none the shell holds either.
+        let Some(alloc) = self
+            .allocations
+            .get_mut(relay.slot())
+            .filter(|alloc| alloc.families.contains(relay.family()))
+        else {
             return PeerAction::Drop(self.dropped(DropReason::NoAllocation));
         };
         relay::peer_datagram(
@@ -640,18 +668,29 @@ impl Engine {
     }
 
     /// The next relay socket the shell must close. Its [`RelayId`] is handed out again only
-    /// after this call returned it, so a socket opened for a new allocation is never the one
-    /// a close meant for an ended allocation reaches (the shell may end an allocation and
-    /// open a relay for the next Allocate before it drains this, e.g. within one batch).
+    /// after this call returned it (and every other socket of its allocation), so a socket
+    /// opened for a new allocation is never the one a close meant for an ended allocation
+    /// reaches (the shell may end an allocation and open a relay for the next Allocate before
+    /// it drains this, e.g. within one batch).
     pub fn poll_close(&mut self) -> Option<RelayId> {
         let relay = self.relays_to_close.pop()?;
-        self.allocations.release_slot(relay);
+        let slot = relay.slot();
+        if self.allocations.get(slot).is_none()
+            && !self.relays_to_close.iter().any(|r| r.slot() == slot)
+        {
+            self.allocations.release_slot(slot);
+        }
         Some(relay)
     }
 
     fn delete_allocation(&mut self, slot: u32) {
         if let Some(alloc) = self.allocations.remove(slot) {
-            self.relays_to_close.push(RelayId(slot));
+            self.relays_to_close.extend(
+                alloc
+                    .families
+                    .iter()
+                    .map(|family| RelayId::new(slot, family)),
+            );
             self.stats.allocations_deleted += 1;
             self.config.ledger.release(&alloc.user_id);
         }

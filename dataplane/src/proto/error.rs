@@ -25,8 +25,13 @@ pub(super) enum RequestError {
     TurnDisabled,
     /// An Allocate without a readable REQUESTED-TRANSPORT (RFC 8656 §7.2 step 3).
     MissingRequestedTransport,
-    /// RESERVATION-TOKEN together with EVEN-PORT or REQUESTED-ADDRESS-FAMILY (RFC 8656 §7.2).
+    /// RESERVATION-TOKEN together with EVEN-PORT, REQUESTED-ADDRESS-FAMILY or
+    /// ADDITIONAL-ADDRESS-FAMILY (RFC 8656 §7.2).
     ReservationTokenWithEvenPortOrFamily,
+    /// REQUESTED-ADDRESS-FAMILY together with ADDITIONAL-ADDRESS-FAMILY (RFC 8656 §7.2).
+    RequestedAndAdditionalFamily,
+    /// An ADDITIONAL-ADDRESS-FAMILY other than IPv6 (RFC 8656 §7.2: IPv4 → 400).
+    AdditionalFamilyNotIpv6,
     /// An EVEN-PORT attribute that does not parse.
     MalformedEvenPort,
     /// A CreatePermission XOR-PEER-ADDRESS that does not parse.
@@ -144,6 +149,8 @@ impl RequestError {
             | E::TurnDisabled
             | E::MissingRequestedTransport
             | E::ReservationTokenWithEvenPortOrFamily
+            | E::RequestedAndAdditionalFamily
+            | E::AdditionalFamilyNotIpv6
             | E::MalformedEvenPort
             | E::MalformedPeerAddress
             | E::NoPeerAddress

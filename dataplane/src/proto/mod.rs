@@ -32,8 +32,8 @@ mod store;
 mod wire;
 
 pub use contract::{
-    Bytes, ClientAction, DropReason, Family, ListenerId, ListenerRef, PeerAction, RelayBindError,
-    RelayId, RelayRequest, PEER_HEADROOM,
+    BoundRelays, Bytes, ClientAction, DropReason, Family, ListenerId, ListenerRef, PeerAction,
+    RelayBindError, RelayId, RelayRequest, PEER_HEADROOM,
 };
 pub use engine::{Engine, EngineConfig, EngineStats, OffloadChannel};
 pub use limits::{AllocationLedger, Limits};

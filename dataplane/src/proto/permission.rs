@@ -1,7 +1,6 @@
 //! The CreatePermission and ChannelBind requests (RFC 8656 §9, §11): which peers an
 //! allocation may reach, judged against the peer policy of the running snapshot.
 
-use super::contract::Family;
 use super::error::RequestError;
 use super::ratelimit::LogLimiter;
 use super::store::{Allocation, Channel, Permission};
@@ -31,7 +30,7 @@ pub(super) fn create_permission(
     let mut named = {
         let alloc = &*alloc;
         named_peers(msg, &alloc.permissions, max_permissions, |ip| {
-            if Family::of(ip) != alloc.family {
+            if !alloc.relays_to(ip) {
                 return Err(RequestError::PeerFamilyMismatch);
             }
             // stunnerd: the peer IP must lie in a cluster routed from the listener; the RFC's
@@ -80,7 +79,7 @@ pub(super) fn channel_bind(
     if !CHANNEL_NUMBERS.contains(&number) {
         return Err(RequestError::ChannelNumberOutOfRange);
     }
-    if Family::of(peer.ip()) != alloc.family {
+    if !alloc.relays_to(peer.ip()) {
         return Err(RequestError::PeerFamilyMismatch);
     }
     // RFC 8656 §11.2: the number may not be bound to another peer, nor the peer to
@@ -106,10 +105,10 @@ pub(super) fn channel_bind(
     }
     alloc.install_permission(peer.ip(), now, max_permissions)?;
     match alloc.channels.iter_mut().find(|c| c.number == number) {
-        Some(channel) => {
-            channel.peer = peer;
-            channel.expires_at = now + CHANNEL_LIFETIME;
-        }
+        Some(channel) if channel.peer == peer => channel.expires_at = now + CHANNEL_LIFETIME,
+        // An expired number bound to another peer: a new channel, judged afresh (the old
+        // peer's admission verdict and family are not the new one's).
+        Some(channel) => *channel = Channel::new(number, peer, now + CHANNEL_LIFETIME),
         None => alloc
             .channels
             .push(Channel::new(number, peer, now + CHANNEL_LIFETIME)),

@@ -9,7 +9,7 @@
 //! written: store-forwarding stalls that took ChannelData from 18 to 27 and then 19 ns in
 //! `cargo bench --bench engine`.
 
-use super::contract::{Bytes, ClientAction, DropReason, ListenerId, PeerAction, RelayId};
+use super::contract::{Bytes, ClientAction, DropReason, Family, ListenerId, PeerAction, RelayId};
 use super::engine::EngineStats;
 use super::store::{Allocation, AllocationStore, ClientKey};
 use super::wire;
@@ -62,12 +62,14 @@ pub(super) fn channel_data(
     else {
         return ClientAction::Drop(stats.count_drop(DropReason::NoChannel));
     };
-    let peer = channel.peer;
+    let (peer, family) = (channel.peer, channel.family);
     let Some(cluster) = channel.admitted(snap, &alloc.listener_name) else {
         return ClientAction::Drop(stats.count_drop(DropReason::NotAdmitted));
     };
     ClientAction::Relay {
-        relay: RelayId(slot),
+        // A channel's peer is of a family the allocation relays (ChannelBind checked it, and
+        // a relay deleted took its channels with it).
+        relay: RelayId::new(slot, family),
         peer,
         payload: 4..4 + length,
         cluster,
@@ -105,7 +107,8 @@ pub(super) fn send_indication(
     };
     let start = offset + 4;
     ClientAction::Relay {
-        relay: RelayId(slot),
+        // A permission is only held for a family the allocation relays.
+        relay: RelayId::new(slot, Family::of_canonical(peer)),
         peer,
         payload: start..start + data.length() as usize,
         cluster,

@@ -1,10 +1,11 @@
 //! The allocation store: a shard's allocations, their permissions and channel bindings, and
 //! the one lookup the hot path makes (client 5-tuple → allocation).
 //!
-//! An allocation lives in a slot whose index is its [`RelayId`]: the shell mirrors the slots
-//! with its relay sockets, so a peer datagram finds its allocation by index, without a hash.
+//! An allocation lives in a slot whose index is part of its relay sockets' [`super::RelayId`]s: the
+//! shell mirrors the slots with its relay sockets, so a peer datagram finds its allocation by
+//! index, without a hash.
 
-use super::contract::{DropReason, Family, ListenerId, RelayId};
+use super::contract::{DropReason, Family, ListenerId};
 use super::error::RequestError;
 use super::PERMISSION_LIFETIME;
 use foldhash::fast::RandomState;
@@ -86,6 +87,8 @@ impl Permission {
 /// RFC 8656 §12: a channel bound to a peer address.
 pub(super) struct Channel {
     pub(super) number: u16,
+    /// The family of `peer`: of the relay socket its datagrams leave from.
+    pub(super) family: Family,
     pub(super) peer: SocketAddr,
     pub(super) expires_at: Instant,
     /// Admission verdict for `peer`.
@@ -97,6 +100,7 @@ impl Channel {
     pub(super) fn new(number: u16, peer: SocketAddr, expires_at: Instant) -> Channel {
         Channel {
             number,
+            family: Family::of_canonical(peer),
             peer,
             expires_at,
             verdict: None,
@@ -128,11 +132,43 @@ impl Channel {
     }
 }
 
+/// The families an allocation has a relay socket of: one, or both for a dual allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Families(u8);
+
+impl Families {
+    /// No family.
+    pub(super) const NONE: Families = Families(0);
+
+    /// `self` and `family`.
+    pub(super) fn with(self, family: Family) -> Families {
+        Families(self.0 | 1 << family as u8)
+    }
+
+    /// `self` without `family`.
+    pub(super) fn without(self, family: Family) -> Families {
+        Families(self.0 & !(1 << family as u8))
+    }
+
+    /// Whether `family` is in.
+    #[inline]
+    pub(super) fn contains(self, family: Family) -> bool {
+        self.0 & 1 << family as u8 != 0
+    }
+
+    /// The families in, IPv4 first.
+    pub(super) fn iter(self) -> impl Iterator<Item = Family> {
+        Family::ALL.into_iter().filter(move |&f| self.contains(f))
+    }
+}
+
 /// One allocation: its client, credentials, lifetime and the peers it may reach.
 pub(super) struct Allocation {
     pub(super) key: ClientKey,
     pub(super) listener_name: String,
-    pub(super) family: Family,
+    /// The families of its relay sockets: a peer of another family is refused (443) and
+    /// never reached.
+    pub(super) families: Families,
     pub(super) username: String,
     /// Whose quota the allocation counts against.
     pub(super) user_id: String,
@@ -213,6 +249,21 @@ impl Allocation {
             .collect()
     }
 
+    /// Whether the allocation has a relay socket of `ip`'s family (RFC 8656 §9.2, §11.2: a peer
+    /// of another family gets 443).
+    pub(super) fn relays_to(&self, ip: IpAddr) -> bool {
+        self.families.contains(Family::of(ip))
+    }
+
+    /// Removes the relay of `family` (a dual allocation's Refresh with LIFETIME 0 and that
+    /// REQUESTED-ADDRESS-FAMILY) with the permissions and channels that went through it.
+    pub(super) fn remove_family(&mut self, family: Family) {
+        self.families = self.families.without(family);
+        self.permissions.retain(|p| Family::of(p.ip) != family);
+        self.channels
+            .retain(|c| Family::of_canonical(c.peer) != family);
+    }
+
     /// Installs or refreshes the permission for `ip`, within `max_permissions`.
     pub(super) fn install_permission(
         &mut self,
@@ -235,7 +286,7 @@ impl Allocation {
     }
 }
 
-/// The allocations of one shard, in slots indexed by [`RelayId`].
+/// The allocations of one shard, in slots (the slot of a relay socket's [`super::RelayId`]).
 pub(super) struct AllocationStore {
     slots: Vec<Option<Allocation>>,
     free_slots: Vec<u32>,
@@ -287,26 +338,25 @@ impl AllocationStore {
 
     /// A free slot for an allocation under way; give it back with
     /// [`AllocationStore::release_slot`] or fill it with [`AllocationStore::insert`].
-    pub(super) fn reserve_slot(&mut self) -> RelayId {
-        let slot = match self.free_slots.pop() {
+    pub(super) fn reserve_slot(&mut self) -> u32 {
+        match self.free_slots.pop() {
             Some(slot) => slot,
             None => {
                 self.slots.push(None);
                 (self.slots.len() - 1) as u32
             }
-        };
-        RelayId(slot)
+        }
     }
 
     /// Gives back a reserved slot that holds no allocation.
-    pub(super) fn release_slot(&mut self, relay: RelayId) {
-        self.free_slots.push(relay.0);
+    pub(super) fn release_slot(&mut self, slot: u32) {
+        self.free_slots.push(slot);
     }
 
     /// Puts `allocation` in its reserved slot.
-    pub(super) fn insert(&mut self, relay: RelayId, allocation: Allocation) {
-        self.by_client.insert(allocation.key, relay.0);
-        self.slots[relay.0 as usize] = Some(allocation);
+    pub(super) fn insert(&mut self, slot: u32, allocation: Allocation) {
+        self.by_client.insert(allocation.key, slot);
+        self.slots[slot as usize] = Some(allocation);
     }
 
     /// Takes the allocation out of `slot`. The slot stays taken until

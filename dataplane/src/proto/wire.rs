@@ -14,8 +14,9 @@ use stun_proto::types::message::{
     IntegrityAlgorithm, IntegrityKey, Message, MessageClass, MessageType, MessageWrite,
     MessageWriteExt, MessageWriteMutSlice, Method, TransactionId,
 };
-use turn_types::attribute::{Data, Lifetime, XorPeerAddress, XorRelayedAddress};
+use turn_types::attribute::{AddressErrorCode, Data, Lifetime, XorPeerAddress, XorRelayedAddress};
 use turn_types::message::{ALLOCATE, DATA};
+use turn_types::AddressFamily;
 
 /// A response under construction in a caller buffer. Write failures (a too-small buffer) are
 /// remembered and reported by [`ResponseWriter::finish`].
@@ -141,17 +142,29 @@ pub(super) fn error_response_raw(
     w.finish(integrity)
 }
 
-/// Allocate success: XOR-RELAYED-ADDRESS, LIFETIME, XOR-MAPPED-ADDRESS, MESSAGE-INTEGRITY.
+/// Allocate success: an XOR-RELAYED-ADDRESS per relay (IPv4 first), ADDRESS-ERROR-CODE for a
+/// dual allocation's IPv6 relay that could not be had (RFC 8656 §7.2, §18.12), LIFETIME,
+/// XOR-MAPPED-ADDRESS, MESSAGE-INTEGRITY.
 pub(super) fn allocate_success(
     txid: TransactionId,
-    relay_addr: SocketAddr,
+    relays: &[SocketAddr],
+    ipv6_error: Option<&RequestError>,
     client: SocketAddr,
     lifetime_secs: u32,
     integrity: &IntegrityKey,
     out: &mut [u8],
 ) -> Option<usize> {
     let mut w = ResponseWriter::new(MessageClass::Success, ALLOCATE, txid, out);
-    w.add(&XorRelayedAddress::new(relay_addr, txid));
+    for &relay in relays {
+        w.add(&XorRelayedAddress::new(relay, txid));
+    }
+    if let Some(error) = ipv6_error {
+        let code = ErrorCode::builder(error.code())
+            .reason(error.reason())
+            .build()
+            .ok()?;
+        w.add(&AddressErrorCode::new(AddressFamily::IPV6, code));
+    }
     w.add(&Lifetime::new(lifetime_secs));
     w.add(&XorMappedAddress::new(client, txid));
     w.finish(Some(integrity))

@@ -5,10 +5,9 @@
 //! a v2 config; and the v2 command line.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use uturn_testkit::cds::FakeCds;
-use uturn_testkit::peers::Peer;
+use uturn_testkit::peers::{turnutils_peer, Peer};
 use uturn_testkit::stunnerd::{
     free_port, run_stunnerd, status, temp_file, uclient, wait_until, Stunnerd,
 };
@@ -36,16 +35,6 @@ fn write(name: &str, text: &str) -> (PathBuf, String) {
     std::fs::write(&path, text).unwrap();
     let origin = format!("file://{}", path.display());
     (path, origin)
-}
-
-fn turnutils_peer(ip: &str, port: u16) -> uturn_testkit::stunnerd::Killed {
-    let child = Command::new("turnutils_peer")
-        .args(["-p", &port.to_string(), "-L", ip])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("turnutils_peer (apt-get install coturn)");
-    uturn_testkit::stunnerd::Killed(child)
 }
 
 fn ready(health: u16) -> bool {
@@ -239,27 +228,117 @@ fn dual_stack_v2_example_gives_relays_of_both_families() {
         "no IPv6 relayed address: {}",
         server.logs()
     );
+    // -Z: a dual allocation (an IPv4 and an IPv6 relay), to the IPv6 peer and an IPv4 one.
+    let peer4_port = free_port();
+    let _peer4 = turnutils_peer("127.0.0.1", peer4_port);
+    let peer4 = peer4_port.to_string();
+    for (ip, peer) in [("::1", &peer), ("127.0.0.1", &peer4)] {
+        let (sent, received, out) = uclient(
+            60,
+            &[
+                "-Z",
+                "-n",
+                "20",
+                "-l",
+                "120",
+                "-m",
+                "2",
+                "-e",
+                ip,
+                "-r",
+                peer,
+                "-p",
+                &port,
+                "-u",
+                "alice",
+                "-w",
+                "s3cret",
+                "127.0.0.1",
+            ],
+        );
+        assert!(sent > 0, "{out}");
+        assert_eq!(
+            sent, received,
+            "dual allocation to {ip} lost datagrams:\n{out}"
+        );
+    }
+}
+
+/// An IPv6-only pod (STUNNER_ADDRS names one IPv6 address, the config none): clients reach
+/// the listener over IPv6 and get IPv6 relays without asking for the family (a request for a
+/// family the listener does not serve gets 440: `dual_stack.rs`).
+#[test]
+fn ipv6_only_pod_relays_over_ipv6() {
+    let (turn, health) = (free_port(), free_port());
+    let text = edited(
+        &example("stunnerd-v2-minimal.yaml"),
+        &[
+            ("port: 3478", &format!("port: {turn}")),
+            ("http://:8086", &format!("http://127.0.0.1:{health}")),
+            ("\"10.0.0.0/8\"", "\"::1\""),
+            ("    addresses: [\"$STUNNER_ADDR\"]\n", ""),
+        ],
+    );
+    let (_file, origin) = write("v2-v6only.yaml", &text);
+    let server = Stunnerd::start(
+        &["-l", "all:DEBUG", "-c", &origin],
+        &[("STUNNER_ADDRS", "::1")],
+    );
+    assert!(wait_until(10, || ready(health)), "{}", server.logs());
+    let peer_port = free_port();
+    let _peer = turnutils_peer("::1", peer_port);
+    let (port, peer) = (turn.to_string(), peer_port.to_string());
+    let run = |family: &[&str]| {
+        let mut args = vec![
+            "-c", "-n", "20", "-l", "120", "-m", "2", "-e", "::1", "-r", &peer,
+        ];
+        args.extend(["-p", &port, "-u", "alice", "-w", "s3cret"]);
+        args.extend_from_slice(family);
+        args.push("::1");
+        uclient(30, &args)
+    };
+    let (sent, received, out) = run(&[]);
+    assert!(sent > 0, "{out}\n{}", server.logs());
+    assert_eq!(sent, received, "{out}");
+    assert!(
+        server.logs().contains("relay-address=[::1]:"),
+        "{}",
+        server.logs()
+    );
+    assert!(
+        !server.logs().contains("relay-address=0.0.0.0"),
+        "an IPv4 relay was served: {}",
+        server.logs()
+    );
 }
 
 /// v2 configs arrive from a watched file and from the config discovery service, over
 /// WebSocket, HTTP and TLS, mixed with v1 frames; the operator's query carries both node forms.
 #[test]
 fn v2_configs_apply_from_watched_files_and_cds_mixed_with_v1() {
-    let (turn, health) = (free_port(), free_port());
+    // Each server gets ports of its own: one killed a moment ago may hold its ports a while.
+    let (turn, health) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let fresh_ports = || {
+        turn.set(free_port());
+        health.set(free_port());
+    };
     let v2 = |realm: &str| {
+        let (turn, health) = (turn.get(), health.get());
         format!(
             r#"{{"version":"v2","admin":{{"name":"media/gw","healthcheck_endpoint":"http://127.0.0.1:{health}"}},"auth":{{"realm":"{realm}","credentials":{{"username":"alice","password":"s3cret"}}}},"listeners":[{{"name":"udp","protocol":"UDP","port":{turn},"servers":["turn"]}}],"servers":[{{"name":"turn","clusters":["media"]}}],"clusters":[{{"name":"media","protocol":"UDP","endpoints":["127.0.0.1"],"addresses":["127.0.0.1"]}}]}}"#
         )
     };
     let v1 = |realm: &str| {
+        let (turn, health) = (turn.get(), health.get());
         format!(
             r#"{{"version":"v1","admin":{{"name":"media/gw","healthcheck_endpoint":"http://127.0.0.1:{health}"}},"auth":{{"realm":"{realm}","credentials":{{"username":"alice","password":"s3cret"}}}},"listeners":[{{"name":"udp","address":"127.0.0.1","port":{turn},"routes":["media"]}}],"clusters":[{{"name":"media","endpoints":["127.0.0.1"]}}]}}"#
         )
     };
-    let realm_is = |realm: &str| status(health).is_some_and(|s| s["auth"]["realm"] == realm);
-    let version_is = |v: &str| status(health).is_some_and(|s| s["version"] == v);
+    let realm_is = |realm: &str| status(health.get()).is_some_and(|s| s["auth"]["realm"] == realm);
+    let version_is = |v: &str| status(health.get()).is_some_and(|s| s["version"] == v);
 
     // A watched file: v2, then v1, then v2 again.
+    fresh_ports();
     let (path, origin) = write("v2-watch.json", &v2("file-one"));
     let server = Stunnerd::start(&["-w", "-c", &origin], &[]);
     assert!(wait_until(10, || realm_is("file-one")), "{}", server.logs());
@@ -270,6 +349,7 @@ fn v2_configs_apply_from_watched_files_and_cds_mixed_with_v1() {
     drop(server);
 
     // CDS over WebSocket: frames of both versions, then a list mixing them.
+    fresh_ports();
     let cds = FakeCds::start("127.0.0.1:0");
     cds.push("media/gw", &v2("cds-one"));
     let server = Stunnerd::start(
@@ -308,6 +388,8 @@ fn v2_configs_apply_from_watched_files_and_cds_mixed_with_v1() {
     drop(server);
 
     // A one-shot HTTP load of a v2 config.
+    fresh_ports();
+    cds.push("media/gw", &v2("cds-three"));
     let server = Stunnerd::start(
         &["-c", &format!("http://{}", cds.addr()), "--id", "media/gw"],
         &[],
@@ -324,6 +406,7 @@ fn v2_configs_apply_from_watched_files_and_cds_mixed_with_v1() {
     let dir = uturn_testkit::stunnerd::temp_dir("cds-tls");
     let cert = uturn_testkit::tls::self_signed_cert(&dir);
     let cds = FakeCds::start_tls("127.0.0.1:0", &cert.cert, &cert.key);
+    fresh_ports();
     cds.push("media/gw", &v2("tls-one"));
     let ca = cert.cert.to_str().unwrap();
     let https = format!("https://127.0.0.1:{}", cds.addr().port());
@@ -333,6 +416,8 @@ fn v2_configs_apply_from_watched_files_and_cds_mixed_with_v1() {
     );
     assert!(wait_until(10, || realm_is("tls-one")), "{}", server.logs());
     drop(server);
+    fresh_ports();
+    cds.push("media/gw", &v2("tls-one"));
     let server = Stunnerd::start(
         &["-w", "-c", &https, "--id", "media/gw"],
         &[("SSL_CERT_FILE", ca)],

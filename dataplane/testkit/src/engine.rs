@@ -19,11 +19,11 @@ use turn_types::attribute::{
 };
 use turn_types::message::{ALLOCATE, SEND};
 use uturn_dataplane::proto::{
-    Bytes, ClientAction, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction, RelayId,
-    PEER_HEADROOM,
+    BoundRelays, Bytes, ClientAction, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction,
+    RelayBindError, RelayId, PEER_HEADROOM,
 };
 use uturn_shared::config::parse_config;
-use uturn_shared::snapshot::Snapshot;
+use uturn_shared::snapshot::{Host, RelayAddresses, Snapshot};
 
 /// Unix time at the virtual clock's epoch.
 pub const EPOCH_UNIX: u64 = 1_800_000_000;
@@ -82,8 +82,11 @@ pub struct Harness {
     pub now: Instant,
     /// The reply buffer.
     pub out: Vec<u8>,
-    /// The relay port the last allocation got (each new one takes the port two above).
+    /// The relay port the last allocation got (each new one takes the port two above; a dual
+    /// allocation's IPv6 relay the one above that).
     pub next_port: u16,
+    /// Why the IPv6 socket of a dual allocation cannot be bound, if it cannot.
+    pub additional_bind_error: Option<RelayBindError>,
 }
 
 /// A reply the engine wrote.
@@ -117,16 +120,31 @@ impl Harness {
 
     /// A harness on config text `yaml`, with the engine config adjusted by `tune`.
     pub fn with(yaml: &str, tune: impl FnOnce(&mut EngineConfig)) -> Harness {
+        Harness::on_host(yaml, RelayAddresses::default(), tune)
+    }
+
+    /// As [`Harness::with`], on a host whose environment names the relay addresses `relay`
+    /// (`STUNNER_ADDRS`: the families the config's listener address does not give).
+    pub fn on_host(
+        yaml: &str,
+        relay: RelayAddresses,
+        tune: impl FnOnce(&mut EngineConfig),
+    ) -> Harness {
         let cfg = parse_config(yaml).expect("config");
         let now = Instant::now();
         let mut engine_config = engine_config(now);
         tune(&mut engine_config);
+        let host = Host {
+            ips: Vec::new(),
+            relay,
+        };
         Harness {
             engine: Engine::new(engine_config),
-            snap: Snapshot::from_config(&cfg, 1, &|_| Vec::new()),
+            snap: Snapshot::from_config_on_host(&cfg, 1, &|_| Vec::new(), &host),
             now,
             out: vec![0; OUT_LEN],
             next_port: 50000,
+            additional_bind_error: None,
         }
     }
 
@@ -154,14 +172,22 @@ impl Harness {
     }
 
     /// As [`Harness::handle`], but an `AllocateRelay` is completed at once with the next
-    /// relay port and comes back as its `Reply`.
+    /// relay port (and the one above it for a dual allocation's IPv6 relay, unless
+    /// [`Harness::additional_bind_error`]) and comes back as its `Reply`.
     pub fn send(&mut self, from: &str, data: &[u8]) -> ClientAction {
         let action = self.handle(from, data);
         if let ClientAction::AllocateRelay(request) = action {
             self.next_port += 2;
+            let bound = BoundRelays {
+                relay: Ok(self.next_port),
+                additional: request.additional.map(|_| {
+                    self.additional_bind_error
+                        .map_or(Ok(self.next_port + 1), Err)
+                }),
+            };
             let n = self
                 .engine
-                .complete_allocate(self.now, request.relay, Ok(self.next_port), &mut self.out)
+                .complete_allocate(self.now, request.relay, bound, &mut self.out)
                 .expect("allocate reply");
             return ClientAction::Reply(n);
         }

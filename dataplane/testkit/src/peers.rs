@@ -123,3 +123,14 @@ pub fn kill_netns_processes(netns: &str) {
         }
     }
 }
+
+/// coturn's echo peer (`turnutils_peer`) on `ip:port`, killed when the returned guard drops.
+pub fn turnutils_peer(ip: &str, port: u16) -> crate::stunnerd::Killed {
+    let child = std::process::Command::new("turnutils_peer")
+        .args(["-p", &port.to_string(), "-L", ip])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("turnutils_peer (apt-get install coturn)");
+    crate::stunnerd::Killed(child)
+}

@@ -8,7 +8,7 @@ use stun_proto::types::message::{Message, MessageClass};
 use turn_client_proto::api::{TurnClientApi, TurnConfig, TurnEvent, TurnRecvRet};
 use turn_client_proto::udp::TurnClientUdp;
 use turn_types::stun::TransportType;
-use turn_types::{Instant, TurnCredentials};
+use turn_types::{AddressFamily, Instant, TurnCredentials};
 
 /// A STUN response the client received: method, class and ERROR-CODE (if any).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,16 +44,34 @@ pub struct TurnClient {
 impl TurnClient {
     /// A client that starts allocating on `server` with `user`/`pass`.
     pub fn new(server: SocketAddr, user: &str, pass: &str) -> TurnClient {
-        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        TurnClient::with_families(server, user, pass, &[AddressFamily::IPV4])
+    }
+
+    /// A client on the loopback address of `server`'s family that starts allocating relays
+    /// of `families` on `server`: IPv6 alone asks with REQUESTED-ADDRESS-FAMILY, IPv4 and IPv6
+    /// with ADDITIONAL-ADDRESS-FAMILY (a dual allocation, RFC 8656 §7.2).
+    pub fn with_families(
+        server: SocketAddr,
+        user: &str,
+        pass: &str,
+        families: &[AddressFamily],
+    ) -> TurnClient {
+        let local = if server.is_ipv4() {
+            "127.0.0.1:0"
+        } else {
+            "[::1]:0"
+        };
+        let socket = UdpSocket::bind(local).unwrap();
         socket
             .set_read_timeout(Some(Duration::from_millis(2)))
             .unwrap();
         let local = socket.local_addr().unwrap();
-        let client = TurnClientUdp::allocate(
-            local,
-            server,
-            TurnConfig::new(TurnCredentials::new(user, pass)),
-        );
+        let mut config = TurnConfig::new(TurnCredentials::new(user, pass));
+        config.set_address_family(families[0]);
+        for &family in &families[1..] {
+            config.add_address_family(family);
+        }
+        let client = TurnClientUdp::allocate(local, server, config);
         TurnClient {
             client,
             socket,
@@ -155,6 +173,11 @@ impl TurnClient {
             Some(TurnEvent::AllocationCreated(_, relay)) => Some(relay),
             _ => None,
         }
+    }
+
+    /// The relayed addresses the client holds (after [`TurnClient::allocate`]).
+    pub fn relayed(&self) -> Vec<SocketAddr> {
+        self.client.relayed_addresses().map(|(_, a)| a).collect()
     }
 
     /// Creates a permission for `peer`'s IP; whether it was granted.

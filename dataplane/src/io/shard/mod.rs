@@ -35,8 +35,8 @@ use super::stream::Closed;
 use super::sys;
 use crate::proto::ratelimit::LogLimiter;
 use crate::proto::{
-    Bytes, ClientAction, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction, RelayId,
-    PEER_HEADROOM,
+    BoundRelays, Bytes, ClientAction, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction,
+    RelayId, PEER_HEADROOM,
 };
 use arc_swap::ArcSwap;
 use conns::ConnTable;
@@ -640,36 +640,45 @@ impl<D: Driver> Shard<D> {
                 None
             }
             ClientAction::AllocateRelay(request) => {
-                let port = match self.relays.open(&request, &self.driver) {
-                    Ok(port) => Ok(port),
-                    Err(e) => {
+                let (first, additional) = self.relays.open(&request, &self.driver);
+                let mut bound = |result: std::io::Result<u16>| {
+                    result.map_err(|e| {
                         if let Some(suppressed) = self.resource_log.allow(now) {
                             tracing::warn!(target: "stunner", "cannot allocate relay socket: {e}{suppressed}");
                         }
-                        Err(crate::proto::RelayBindError::from(&e))
-                    }
+                        crate::proto::RelayBindError::from(&e)
+                    })
+                };
+                let bound = BoundRelays {
+                    relay: bound(first),
+                    additional: additional.map(&mut bound),
                 };
                 let reply = self
                     .engine
-                    .complete_allocate(now, request.relay, port, &mut self.out);
-                if let (Some(_), Ok(port)) = (reply, port) {
-                    tracing::debug!(
-                        target: "stunner",
-                        "Allocation created: client={}-{}:{}, listener={}, relay-address={}, shard={}",
-                        from,
-                        listener.spec.port,
-                        listener.transport.name(),
-                        listener.spec.name,
-                        SocketAddr::new(
-                            listener
-                                .spec
-                                .relay
-                                .get(request.family == crate::proto::Family::V6)
-                                .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
-                            port
-                        ),
-                        self.index
-                    );
+                    .complete_allocate(now, request.relay, bound, &mut self.out);
+                if reply.is_some() {
+                    let ports = [Some(bound.relay), bound.additional];
+                    for (relay, port) in request.sockets().zip(ports) {
+                        if let Some(Ok(port)) = port {
+                            tracing::debug!(
+                                target: "stunner",
+                                "Allocation created: client={}-{}:{}, listener={}, relay-address={}, shard={}",
+                                from,
+                                listener.spec.port,
+                                listener.transport.name(),
+                                listener.spec.name,
+                                SocketAddr::new(
+                                    listener
+                                        .spec
+                                        .relay
+                                        .get(relay.family() == crate::proto::Family::V6)
+                                        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+                                    port
+                                ),
+                                self.index
+                            );
+                        }
+                    }
                 }
                 reply
             }

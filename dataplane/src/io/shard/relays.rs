@@ -1,5 +1,6 @@
 //! The relay sockets of a shard's allocations, by [`RelayId`]: opened when the engine asks for
-//! one (an Allocate) and closed when it says an allocation ended.
+//! them (an Allocate: one socket, or an IPv4 and an IPv6 one for a dual allocation) and closed
+//! when it says an allocation (or one of its relays) ended.
 
 use crate::io::driver::{Driver, Interest, Token, Watched};
 use crate::io::offload::{Delta, OffloadTable};
@@ -34,19 +35,35 @@ impl<W> Relays<W> {
         }
     }
 
-    /// Opens and watches the relay socket `request` asks for; its port.
+    /// Opens and watches the relay sockets `request` asks for (the additional one only if the
+    /// first could be); the port of each, or why it could not be had.
     pub(super) fn open<D: Driver<Watch = W>>(
         &mut self,
         request: &RelayRequest,
         driver: &D,
+    ) -> (io::Result<u16>, Option<io::Result<u16>>) {
+        let first = self.open_one(request.relay, request, driver);
+        let additional = match (&first, request.additional) {
+            (Ok(_), Some(relay)) => Some(self.open_one(relay, request, driver)),
+            _ => None,
+        };
+        (first, additional)
+    }
+
+    /// Opens and watches socket `relay` of `request` (the family `relay` names); its port.
+    fn open_one<D: Driver<Watch = W>>(
+        &mut self,
+        relay: RelayId,
+        request: &RelayRequest,
+        driver: &D,
     ) -> io::Result<u16> {
-        let (socket, port) = relay_socket(request)?;
-        let watched = driver.watch(socket, Token::Relay(request.relay), Interest::Datagrams)?;
-        let slot = request.relay.0 as usize;
-        if self.sockets.len() <= slot {
-            self.sockets.resize_with(slot + 1, || None);
+        let (socket, port) = relay_socket(relay.family(), request)?;
+        let watched = driver.watch(socket, Token::Relay(relay), Interest::Datagrams)?;
+        let index = relay.0 as usize;
+        if self.sockets.len() <= index {
+            self.sockets.resize_with(index + 1, || None);
         }
-        self.sockets[slot] = Some(Relay { watched, port });
+        self.sockets[index] = Some(Relay { watched, port });
         Ok(port)
     }
 
