@@ -50,13 +50,7 @@ mod tempfile_path {
 }
 
 fn turnutils_peer(port: u16) -> Killed {
-    let child = Command::new("turnutils_peer")
-        .args(["-p", &port.to_string(), "-L", "127.0.0.1"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("turnutils_peer (apt-get install coturn)");
-    Killed(child)
+    uturn_testkit::peers::turnutils_peer("127.0.0.1", port)
 }
 
 /// Runs `turnutils_uclient` and returns (messages sent, messages received, output).
@@ -179,16 +173,6 @@ fn host_ip() -> String {
     ip.to_string()
 }
 
-fn turnutils_peer_on(ip: &str, port: u16) -> Killed {
-    let child = Command::new("turnutils_peer")
-        .args(["-p", &port.to_string(), "-L", ip])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("turnutils_peer (apt-get install coturn)");
-    Killed(child)
-}
-
 #[test]
 fn turn_uri_mode_relays() {
     let port = free_port();
@@ -196,7 +180,7 @@ fn turn_uri_mode_relays() {
     let uri = format!("turn://user1:pass1@127.0.0.1:{port}?transport=udp");
     let server = stunnerd(&[&uri], "1");
     let host = host_ip();
-    let _peer = turnutils_peer_on(&host, peer_port);
+    let _peer = uturn_testkit::peers::turnutils_peer(&host, peer_port);
     let (port, peer_port) = (port.to_string(), peer_port.to_string());
     let args = |peer: &str| {
         [
@@ -705,7 +689,7 @@ fn tls_and_dtls_listeners_without_a_certificate_are_config_errors_naming_them() 
 fn turns_uri_listeners_get_a_self_signed_certificate() {
     let peer_port = free_port();
     let host = host_ip();
-    let _peer = turnutils_peer_on(&host, peer_port);
+    let _peer = uturn_testkit::peers::turnutils_peer(&host, peer_port);
     let peer_port = peer_port.to_string();
     for (transport, flags) in [("tcp", &["-t", "-S"][..]), ("udp", &["-S"][..])] {
         let port = free_stream_port();
