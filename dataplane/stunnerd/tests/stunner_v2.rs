@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use turn_types::AddressFamily;
 use uturn_testkit::cds::FakeCds;
 use uturn_testkit::peers::{turnutils_peer, Peer};
 use uturn_testkit::stunnerd::{
@@ -261,6 +262,40 @@ fn dual_stack_v2_example_gives_relays_of_both_families() {
             sent, received,
             "dual allocation to {ip} lost datagrams:\n{out}"
         );
+    }
+    // The turn-client-proto client: an IPv6 relay, then a dual allocation reaching an IPv4 and
+    // an IPv6 echo peer each through the relay of its family (Send/Data indications).
+    let server_addr = format!("127.0.0.1:{turn}").parse().unwrap();
+    let (echo4, echo6) = (Peer::on("127.0.0.1"), Peer::on("::1"));
+    let mut v6 = TurnClient::with_families(server_addr, "alice", "s3cret", &[AddressFamily::IPV6]);
+    let relay = v6.allocate().expect("an IPv6 allocation");
+    assert_eq!(relay.ip().to_string(), "::1");
+    assert!(v6.permit(echo6.addr.ip()));
+    assert_eq!(stream(&mut v6, echo6.addr, "six", 20), 20);
+    let mut dual = TurnClient::with_families(
+        server_addr,
+        "alice",
+        "s3cret",
+        &[AddressFamily::IPV4, AddressFamily::IPV6],
+    );
+    dual.allocate().expect("a dual allocation");
+    let mut families: Vec<bool> = dual.relayed().iter().map(|a| a.is_ipv6()).collect();
+    families.sort();
+    assert_eq!(families, [false, true], "{:?}", dual.relayed());
+    for echo in [&echo4, &echo6] {
+        assert!(dual.permit(echo.addr.ip()));
+        assert_eq!(
+            stream(&mut dual, echo.addr, "dual", 20),
+            20,
+            "{}",
+            echo.addr
+        );
+        let relay = dual
+            .relayed()
+            .into_iter()
+            .find(|a| a.is_ipv6() == echo.addr.is_ipv6())
+            .unwrap();
+        assert!(echo.senders().contains_key(&relay), "{:?}", echo.senders());
     }
 }
 
