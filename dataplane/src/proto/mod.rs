@@ -28,6 +28,7 @@ mod nonce;
 mod permission;
 pub mod ratelimit;
 mod relay;
+pub mod sibling;
 mod store;
 mod wire;
 
