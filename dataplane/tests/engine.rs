@@ -2094,3 +2094,130 @@ fn a_channel_number_rebound_to_another_peer_is_judged_afresh() {
         ClientAction::Drop(DropReason::NotAdmitted)
     );
 }
+
+/// Second-chance forwarding, the engine's part: with misses forwarded, a datagram that needs
+/// an allocation this shard does not hold is a `Miss` (nothing answered or counted) — a
+/// request before authentication, since the nonce it carries is the owner's; an Allocate and a
+/// Binding are served as always; `handle_client_local` gives today's answer. On the owner, a
+/// forwarded datagram is handled as if it came straight, and what goes to the client then goes
+/// back through the sibling it came through, until the client's flow comes straight again.
+#[test]
+fn misses_are_handed_to_the_shell_and_forwarded_datagrams_answer_through_their_sibling() {
+    let elsewhere = "192.0.2.99:41000";
+    let sibling: SocketAddr = "10.244.2.7:13479".parse().unwrap();
+    let mut h = Harness::new(STATIC_AUTH);
+    let (mut c, relay) = allocate(&mut h);
+    assert_eq!(
+        c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4000, PEER)).class(),
+        MessageClass::Success
+    );
+    let channel_data = [0x40, 0x00, 0x00, 0x04, b'p', b'i', b'n', b'g'];
+    h.engine.set_forward_misses(true);
+    let dropped_before = h.engine.stats().dropped;
+    // From a 5-tuple with no allocation here: misses, whatever the datagram.
+    let mut stranger = Client::new(USER, PASS);
+    // (An Allocate is served here, forwarding or not: it gives the stranger a nonce.)
+    stranger.learn_nonce(&mut h, elsewhere);
+    let refresh = stranger.build(REFRESH, TransactionId::generate(), &|_, _| {}, true);
+    let permit = stranger.build(
+        CREATE_PERMISSION,
+        TransactionId::generate(),
+        &peer_attr(PEER),
+        false,
+    );
+    for data in [
+        &channel_data[..],
+        &send_indication(PEER, b"x"),
+        &refresh,
+        &permit,
+    ] {
+        assert_eq!(h.handle(elsewhere, data), ClientAction::Miss);
+    }
+    assert_eq!(h.engine.stats().dropped, dropped_before, "a miss was counted");
+    // An Allocate (a new call lands here) and a Binding are answered as always.
+    let allocate = Client::new(USER, PASS).build(ALLOCATE, TransactionId::generate(), &udp, false);
+    assert_eq!(h.request(elsewhere, &allocate).error_code(), Some(401));
+    let binding = Message::builder_request(BINDING, MessageWriteVec::new()).finish();
+    assert_eq!(h.request(elsewhere, &binding).class(), MessageClass::Success);
+    // Today's answer for a miss no sibling owns: a counted drop, a 437 once authenticated.
+    let spec = h.snap.listeners[0].clone();
+    let listener = ListenerRef {
+        id: ListenerId(1),
+        spec: &spec,
+    };
+    let local = |h: &mut Harness, data: &[u8]| {
+        let (now, snap) = (h.now, h.snap.clone());
+        h.engine.handle_client_local(
+            now,
+            &snap,
+            listener,
+            elsewhere.parse().unwrap(),
+            data,
+            &mut h.out,
+        )
+    };
+    assert_eq!(
+        local(&mut h, &channel_data),
+        ClientAction::Drop(DropReason::NoAllocation)
+    );
+    let answer = local(&mut h, &refresh);
+    let ClientAction::Reply(n) = answer else {
+        panic!("{answer:?}");
+    };
+    let reply = Reply {
+        bytes: h.out[..n].to_vec(),
+    };
+    assert_eq!(reply.error_code(), Some(437));
+    assert!(h.engine.holds(ListenerId(1), CLIENT.parse().unwrap()));
+    assert!(!h.engine.holds(ListenerId(1), elsewhere.parse().unwrap()));
+
+    // The owner: the client's ChannelData forwarded by a sibling is relayed to the peer...
+    let forwarded = |h: &mut Harness, data: &[u8]| {
+        let (now, snap) = (h.now, h.snap.clone());
+        h.engine.handle_forwarded(
+            now,
+            &snap,
+            listener,
+            CLIENT.parse().unwrap(),
+            data,
+            &mut h.out,
+            sibling,
+        )
+    };
+    assert!(matches!(
+        forwarded(&mut h, &channel_data),
+        ClientAction::Relay { .. }
+    ));
+    // ... and the peer's answer goes back through that sibling,
+    // The first allocation's IPv4 relay.
+    assert!(relay.is_ipv4());
+    let relay_id = RelayId(0);
+    let (action, _) = h.peer(relay_id, PEER, b"pong");
+    assert!(
+        matches!(action, PeerAction::ToClient { via: Some(v), .. } if v == sibling),
+        "{action:?}"
+    );
+    // as does the answer to a forwarded request (the shell sends the reply through it).
+    let refresh = c.build(REFRESH, TransactionId::generate(), &|_, _| {}, true);
+    assert!(matches!(forwarded(&mut h, &refresh), ClientAction::Reply(_)));
+    // The client's flow comes straight again: so does the peer's answer.
+    assert!(matches!(
+        h.handle(CLIENT, &channel_data),
+        ClientAction::Relay { .. }
+    ));
+    let (action, _) = h.peer(relay_id, PEER, b"pong");
+    assert!(
+        matches!(action, PeerAction::ToClient { via: None, .. }),
+        "{action:?}"
+    );
+    // A request straight from the client moves it back too.
+    assert!(matches!(
+        forwarded(&mut h, &channel_data),
+        ClientAction::Relay { .. }
+    ));
+    c.learn_nonce(&mut h, CLIENT);
+    let refresh = c.build(REFRESH, TransactionId::generate(), &|_, _| {}, true);
+    assert!(matches!(h.handle(CLIENT, &refresh), ClientAction::Reply(_)));
+    let (action, _) = h.peer(relay_id, PEER, b"pong");
+    assert!(matches!(action, PeerAction::ToClient { via: None, .. }));
+}

@@ -237,6 +237,7 @@ impl PendingAllocate {
             allocate_response: response,
             permissions: Vec::new(),
             channels: Vec::new(),
+            via: None,
         }
     }
 }

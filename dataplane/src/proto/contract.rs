@@ -81,6 +81,12 @@ pub enum ClientAction {
     },
     /// Bind the relay sockets described, then call [`super::Engine::complete_allocate`].
     AllocateRelay(RelayRequest),
+    /// No allocation on this 5-tuple for a datagram that needs one (ChannelData, Send, Refresh,
+    /// CreatePermission, ChannelBind), and misses are forwarded
+    /// ([`super::Engine::set_forward_misses`]): the shell may hand the datagram to the sibling
+    /// pod that owns the client's allocation, or get today's answer from
+    /// [`super::Engine::handle_client_local`]. Nothing was counted or answered.
+    Miss,
 }
 
 /// A request for an allocation's relay sockets: one, or two for a dual allocation.
@@ -192,6 +198,9 @@ pub enum PeerAction {
         cluster: ClusterId,
         /// Payload bytes received from the peer.
         payload_len: usize,
+        /// The sibling the client's flow reaches us through: send the bytes back through it
+        /// instead of from the listener (second-chance forwarding).
+        via: Option<SocketAddr>,
     },
 }
 

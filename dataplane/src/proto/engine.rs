@@ -13,6 +13,7 @@ use super::limits::{AllocationLedger, ChallengeLimiter, Limits, QuotaError};
 use super::ratelimit::LogLimiter;
 use super::store::{AllocationStore, ClientKey};
 use super::wire::{self, ResponseWriter};
+use super::relay::Arrival;
 use super::{permission, relay, AMPLIFICATION_FACTOR, SWEEP_INTERVAL};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -112,6 +113,8 @@ pub struct Engine {
     /// With a kernel offload: allocations whose offloadable channels may have changed, drained
     /// by [`Engine::poll_offload`].
     offload_changes: Option<Vec<RelayId>>,
+    /// Second-chance forwarding is on: misses are [`ClientAction::Miss`].
+    forward_misses: bool,
 }
 
 /// A channel the kernel may relay: bound, its permission live, its peer admitted by the
@@ -152,6 +155,7 @@ impl Engine {
             stats: EngineStats::default(),
             denial_log: LogLimiter::default(),
             offload_changes: None,
+            forward_misses: false,
         }
     }
 
@@ -237,6 +241,78 @@ impl Engine {
         data: &[u8],
         out: &mut [u8],
     ) -> ClientAction {
+        let arrival = Arrival {
+            via: None,
+            forward_misses: self.forward_misses,
+        };
+        self.handle_arrival(now, snap, listener, from, data, out, arrival)
+    }
+
+    /// [`Engine::handle_client`] for a datagram of client `from` that sibling pod `via`
+    /// forwarded (second-chance forwarding): handled exactly as if it came straight, and what
+    /// goes to the client from now on goes back through `via`
+    /// ([`PeerAction::ToClient::via`]; replies to it the shell sends back through `via`).
+    #[allow(clippy::too_many_arguments)] // handle_client's, and the sibling
+    pub fn handle_forwarded(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        listener: ListenerRef<'_>,
+        from: SocketAddr,
+        data: &[u8],
+        out: &mut [u8],
+        via: SocketAddr,
+    ) -> ClientAction {
+        let arrival = Arrival {
+            via: Some(via),
+            forward_misses: false,
+        };
+        self.handle_arrival(now, snap, listener, from, data, out, arrival)
+    }
+
+    /// [`Engine::handle_client`] answering a miss as without forwarding (437, or a counted
+    /// drop): for a datagram that no sibling owns.
+    pub fn handle_client_local(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        listener: ListenerRef<'_>,
+        from: SocketAddr,
+        data: &[u8],
+        out: &mut [u8],
+    ) -> ClientAction {
+        let arrival = Arrival {
+            via: None,
+            forward_misses: false,
+        };
+        self.handle_arrival(now, snap, listener, from, data, out, arrival)
+    }
+
+    /// Whether this shard holds an allocation for `client` on `listener`.
+    pub fn holds(&self, listener: ListenerId, client: SocketAddr) -> bool {
+        self.allocations
+            .slot_of(&ClientKey { listener, client })
+            .is_some()
+    }
+
+    /// Second-chance forwarding: a datagram that needs an allocation and finds none is
+    /// [`ClientAction::Miss`] instead of a 437 or a drop.
+    pub fn set_forward_misses(&mut self, on: bool) {
+        self.forward_misses = on;
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // handle_client's, and how the datagram arrived
+    fn handle_arrival(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        listener: ListenerRef<'_>,
+        from: SocketAddr,
+        data: &[u8],
+        out: &mut [u8],
+        arrival: Arrival,
+    ) -> ClientAction {
         // RFC 8656 §12.4: ChannelData starts with 0b01; STUN messages start with 0b00.
         match data.first().map(|b| b >> 6) {
             Some(0b01) => relay::channel_data(
@@ -247,9 +323,10 @@ impl Engine {
                 listener.id,
                 from,
                 data,
+                arrival,
             ),
             Some(0b00) => match Message::from_bytes(data) {
-                Ok(msg) => self.dispatch_stun(now, snap, listener, from, &msg, out),
+                Ok(msg) => self.dispatch_stun(now, snap, listener, from, &msg, out, arrival),
                 Err(_) => ClientAction::Drop(self.dropped(DropReason::Malformed)),
             },
             _ => ClientAction::Drop(self.dropped(DropReason::Malformed)),
@@ -260,6 +337,7 @@ impl Engine {
     // Out of line so that `handle_client` stays small enough for the ChannelData path to be
     // inlined whole: a STUN message costs a parse anyway, a call is nothing beside it.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)] // handle_client's, parsed, and how it arrived
     fn dispatch_stun(
         &mut self,
         now: Instant,
@@ -268,6 +346,7 @@ impl Engine {
         from: SocketAddr,
         msg: &Message<'_>,
         out: &mut [u8],
+        arrival: Arrival,
     ) -> ClientAction {
         let class = msg.class();
         let method = msg.method();
@@ -284,6 +363,7 @@ impl Engine {
                     snap,
                     key,
                     msg,
+                    arrival,
                 );
             }
             // Binding indications are keepalives; nothing to answer.
@@ -325,6 +405,12 @@ impl Engine {
                     return self.within_amplification_bound(msg, n);
                 }
             }
+        }
+        // Second-chance forwarding: a request for an allocation held elsewhere goes to the
+        // sibling that holds it, before authentication (its nonce is that sibling's).
+        if arrival.forward_misses && method != ALLOCATE && self.allocations.slot_of(&key).is_none()
+        {
+            return ClientAction::Miss;
         }
         let authenticated = match self.auth.authenticate(now, snap, from, msg) {
             Ok(authenticated) => authenticated,
@@ -368,12 +454,9 @@ impl Engine {
             );
         };
         // RFC 8656 §5: requests on an allocation must use the credentials that created it.
-        if self
-            .allocations
-            .get(slot)
-            .is_none_or(|a| a.username != authenticated.username)
-        {
-            return self.reply_error(msg, RequestError::WrongCredentials, None, out);
+        match self.allocations.get_mut(slot) {
+            Some(alloc) if alloc.username == authenticated.username => arrival.follow(alloc),
+            _ => return self.reply_error(msg, RequestError::WrongCredentials, None, out),
         }
         match self.handle_allocation_request(now, snap, slot, msg) {
             Ok(lifetime) => {

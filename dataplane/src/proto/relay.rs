@@ -24,9 +24,40 @@ use turn_types::attribute::{Data, XorPeerAddress};
 use uturn_shared::policy::unmapped_ip;
 use uturn_shared::snapshot::Snapshot;
 
+/// How a client's datagram reached this pod: straight to its listener, or through a sibling
+/// pod (second-chance forwarding), and whether a miss is to be forwarded.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Arrival {
+    /// The sibling it came through.
+    pub(super) via: Option<SocketAddr>,
+    /// A datagram that finds no allocation is [`ClientAction::Miss`], not dropped or 437.
+    pub(super) forward_misses: bool,
+}
+
+impl Arrival {
+    /// What a datagram that needs an allocation and finds none gets.
+    #[inline]
+    pub(super) fn miss(self, stats: &mut EngineStats) -> ClientAction {
+        if self.forward_misses {
+            ClientAction::Miss
+        } else {
+            ClientAction::Drop(stats.count_drop(DropReason::NoAllocation))
+        }
+    }
+
+    /// The allocation follows the newest path of its client.
+    #[inline]
+    pub(super) fn follow(self, alloc: &mut Allocation) {
+        if alloc.via != self.via {
+            alloc.via = self.via;
+        }
+    }
+}
+
 /// ChannelData from `from` on `listener` (RFC 8656 §12.4): the peer and the payload's range.
 // Inlined into the engine's one call site, so the action is written where the shell gets it.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // the engine's parts it touches, each borrowed apart
 pub(super) fn channel_data(
     store: &mut AllocationStore,
     stats: &mut EngineStats,
@@ -35,6 +66,7 @@ pub(super) fn channel_data(
     listener: ListenerId,
     from: SocketAddr,
     data: &[u8],
+    arrival: Arrival,
 ) -> ClientAction {
     if data.len() < 4 {
         return ClientAction::Drop(stats.count_drop(DropReason::Malformed));
@@ -50,11 +82,12 @@ pub(super) fn channel_data(
         client: from,
     };
     let Some(slot) = store.slot_of(&key) else {
-        return ClientAction::Drop(stats.count_drop(DropReason::NoAllocation));
+        return arrival.miss(stats);
     };
     let Some(alloc) = store.get_mut(slot) else {
         return ClientAction::Drop(stats.count_drop(DropReason::Internal));
     };
+    arrival.follow(alloc);
     let Some(channel) = alloc
         .channels
         .iter_mut()
@@ -84,13 +117,15 @@ pub(super) fn send_indication(
     snap: &Snapshot,
     key: ClientKey,
     msg: &Message<'_>,
+    arrival: Arrival,
 ) -> ClientAction {
     let Some(slot) = store.slot_of(&key) else {
-        return ClientAction::Drop(stats.count_drop(DropReason::NoAllocation));
+        return arrival.miss(stats);
     };
     let Some(alloc) = store.get_mut(slot) else {
         return ClientAction::Drop(stats.count_drop(DropReason::Internal));
     };
+    arrival.follow(alloc);
     let (Ok(peer), Some((offset, data))) = (
         msg.attribute::<XorPeerAddress>(),
         msg.raw_attribute_and_offset(Data::TYPE),
@@ -134,6 +169,7 @@ pub(super) fn peer_datagram(
     let peer = SocketAddr::new(unmapped_ip(peer.ip()), peer.port());
     let listener = alloc.key.listener;
     let client = alloc.key.client;
+    let via = alloc.via;
     if len > usize::from(u16::MAX) || buf.len() < PEER_HEADROOM + len {
         return PeerAction::Drop(stats.count_drop(DropReason::Malformed));
     }
@@ -149,6 +185,7 @@ pub(super) fn peer_datagram(
         buf[..2].copy_from_slice(&channel.number.to_be_bytes());
         buf[2..4].copy_from_slice(&(len as u16).to_be_bytes());
         return PeerAction::ToClient {
+            via,
             listener,
             client,
             bytes: Bytes::Input(0..PEER_HEADROOM + len),
@@ -166,6 +203,7 @@ pub(super) fn peer_datagram(
     let txid = TransactionId::from(indication_txids.gen::<u128>() >> 32);
     match wire::data_indication(txid, peer, &buf[PEER_HEADROOM..PEER_HEADROOM + len], out) {
         Some(n) => PeerAction::ToClient {
+            via,
             listener,
             client,
             bytes: Bytes::Output(n),

@@ -177,6 +177,11 @@ pub(super) struct Allocation {
     pub(super) allocate_response: Vec<u8>,
     pub(super) permissions: Vec<Permission>,
     pub(super) channels: Vec<Channel>,
+    /// The sibling pod the client's flow now reaches us through (second-chance forwarding):
+    /// what goes to the client goes back through it. `None`: straight from our listener. The
+    /// newest path wins: a datagram straight from the client, or through another sibling,
+    /// replaces it.
+    pub(super) via: Option<SocketAddr>,
 }
 
 impl Allocation {

@@ -618,6 +618,8 @@ impl<D: Driver> Shard<D> {
         );
         match action {
             ClientAction::Drop(_) => None,
+            // Only when second-chance forwarding is on, which this shard does not turn on yet.
+            ClientAction::Miss => None,
             ClientAction::Reply(n) => Some(n),
             ClientAction::Relay {
                 relay,
@@ -703,6 +705,7 @@ impl<D: Driver> Shard<D> {
             bytes,
             cluster,
             payload_len,
+            via: _,
         } = self
             .engine
             .handle_peer(now, snap, relay, peer, buf, &mut self.out)
