@@ -2108,7 +2108,8 @@ fn misses_are_handed_to_the_shell_and_forwarded_datagrams_answer_through_their_s
     let mut h = Harness::new(STATIC_AUTH);
     let (mut c, relay) = allocate(&mut h);
     assert_eq!(
-        c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4000, PEER)).class(),
+        c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4000, PEER))
+            .class(),
         MessageClass::Success
     );
     let channel_data = [0x40, 0x00, 0x00, 0x04, b'p', b'i', b'n', b'g'];
@@ -2133,12 +2134,19 @@ fn misses_are_handed_to_the_shell_and_forwarded_datagrams_answer_through_their_s
     ] {
         assert_eq!(h.handle(elsewhere, data), ClientAction::Miss);
     }
-    assert_eq!(h.engine.stats().dropped, dropped_before, "a miss was counted");
+    assert_eq!(
+        h.engine.stats().dropped,
+        dropped_before,
+        "a miss was counted"
+    );
     // An Allocate (a new call lands here) and a Binding are answered as always.
     let allocate = Client::new(USER, PASS).build(ALLOCATE, TransactionId::generate(), &udp, false);
     assert_eq!(h.request(elsewhere, &allocate).error_code(), Some(401));
     let binding = Message::builder_request(BINDING, MessageWriteVec::new()).finish();
-    assert_eq!(h.request(elsewhere, &binding).class(), MessageClass::Success);
+    assert_eq!(
+        h.request(elsewhere, &binding).class(),
+        MessageClass::Success
+    );
     // Today's answer for a miss no sibling owns: a counted drop, a 437 once authenticated.
     let spec = h.snap.listeners[0].clone();
     let listener = ListenerRef {
@@ -2199,7 +2207,10 @@ fn misses_are_handed_to_the_shell_and_forwarded_datagrams_answer_through_their_s
     );
     // as does the answer to a forwarded request (the shell sends the reply through it).
     let refresh = c.build(REFRESH, TransactionId::generate(), &|_, _| {}, true);
-    assert!(matches!(forwarded(&mut h, &refresh), ClientAction::Reply(_)));
+    assert!(matches!(
+        forwarded(&mut h, &refresh),
+        ClientAction::Reply(_)
+    ));
     // The client's flow comes straight again: so does the peer's answer.
     assert!(matches!(
         h.handle(CLIENT, &channel_data),

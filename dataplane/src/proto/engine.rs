@@ -11,9 +11,9 @@ use super::contract::{
 use super::error::RequestError;
 use super::limits::{AllocationLedger, ChallengeLimiter, Limits, QuotaError};
 use super::ratelimit::LogLimiter;
+use super::relay::Arrival;
 use super::store::{AllocationStore, ClientKey};
 use super::wire::{self, ResponseWriter};
-use super::relay::Arrival;
 use super::{permission, relay, AMPLIFICATION_FACTOR, SWEEP_INTERVAL};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
