@@ -51,6 +51,7 @@ fn bench(backend: IoBackend, quick: bool) {
         limits: Default::default(),
         stream_limits: Default::default(),
         offload: None,
+        siblings: None,
     })
     .unwrap();
     std::thread::sleep(Duration::from_millis(300));

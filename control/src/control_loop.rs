@@ -56,7 +56,8 @@ pub(crate) async fn run(
 ) {
     let generation = config.snapshot.load().generation;
     let mut state = ControlState::new(config.initial, generation)
-        .with_discovery_timeout(config.discovery_timeout);
+        .with_discovery_timeout(config.discovery_timeout)
+        .with_siblings(config.siblings);
     let mut supervisor = Supervisor::new(
         config.source,
         Outbox::new(events.clone()),

@@ -97,6 +97,8 @@ pub struct ControlConfig {
     /// `--discovery-timeout`: how long `/ready` waits for the first full EndpointSlice list of
     /// each Service a KUBERNETES cluster names (zero: not at all, as stunnerd).
     pub discovery_timeout: Duration,
+    /// Where the pod's siblings come from (second-chance forwarding).
+    pub siblings: state::Siblings,
     /// Checks a new config (second argument) against what the dataplane can run, given the
     /// running one (first): TLS material that loads, ports no one else holds. An error rejects
     /// the config with that message, and the running config stays.

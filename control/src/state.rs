@@ -106,9 +106,24 @@ pub enum Skipped {
     Delete,
 }
 
+/// Where this pod's siblings (the other pods of its gateway, for second-chance forwarding)
+/// come from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Siblings {
+    /// No forwarding.
+    #[default]
+    Off,
+    /// A fixed list (outside Kubernetes).
+    Static(Vec<IpAddr>),
+    /// The endpoints of the gateway's own Service, `<namespace>/<service>`: ready, serving
+    /// and terminating pods alike (a draining pod still owns its calls).
+    Service(String),
+}
+
 /// The control plane's state.
 #[derive(Debug)]
 pub struct ControlState {
+    siblings: Siblings,
     config: StunnerConfig,
     services: BTreeMap<String, ServiceState>,
     dns: BTreeMap<String, Vec<IpAddr>>,
@@ -136,6 +151,7 @@ impl ControlState {
             .map(|l| ListenerSpec::from_config(&config, l, generation, env_relay))
             .collect();
         let mut state = ControlState {
+            siblings: Siblings::Off,
             listeners,
             ready: !config.is_zero(),
             config,
@@ -150,6 +166,39 @@ impl ControlState {
         state.sync_watches();
         state.settle();
         state
+    }
+
+    /// Follows `siblings` for second-chance forwarding (a Service is watched like a
+    /// KUBERNETES cluster's, but readiness does not wait for it).
+    pub fn with_siblings(mut self, siblings: Siblings) -> ControlState {
+        self.siblings = siblings;
+        self.sync_watches();
+        self.dirty = true;
+        self
+    }
+
+    /// The siblings' addresses now, this host's own left out.
+    fn sibling_ips(&self) -> Vec<IpAddr> {
+        let mut ips: Vec<IpAddr> = match &self.siblings {
+            Siblings::Off => return Vec::new(),
+            Siblings::Static(ips) => ips.clone(),
+            Siblings::Service(key) => self
+                .services
+                .get(key)
+                .map(|s| {
+                    s.slices
+                        .values()
+                        .flat_map(|slice| slice.addresses.iter().copied())
+                        .map(unmapped_ip)
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        let own = uturn_shared::policy::host_ips();
+        ips.retain(|ip| !own.contains(ip));
+        ips.sort();
+        ips.dedup();
+        ips
     }
 
     /// Makes readiness wait up to `timeout` for the first full EndpointSlice list of every
@@ -178,9 +227,13 @@ impl ControlState {
         if self.settled {
             return Vec::new();
         }
+        let siblings = match &self.siblings {
+            Siblings::Service(key) => Some(key.as_str()),
+            _ => None,
+        };
         self.services
             .iter()
-            .filter(|(_, s)| !s.synced && !s.sync_timed_out)
+            .filter(|(key, s)| !s.synced && !s.sync_timed_out && Some(key.as_str()) != siblings)
             .map(|(key, _)| key.as_str())
             .collect()
     }
@@ -331,6 +384,7 @@ impl ControlState {
             self.cluster_endpoints(cluster)
         });
         snapshot.carry_listener_runs(&self.listeners);
+        snapshot.sibling_ips = self.sibling_ips().into();
         snapshot
     }
 
@@ -390,6 +444,9 @@ impl ControlState {
                         .map(|s| s.key()),
                 ),
             }
+        }
+        if let Siblings::Service(key) = &self.siblings {
+            services.insert(key.clone());
         }
         self.services.retain(|key, _| services.contains(key));
         for key in services {

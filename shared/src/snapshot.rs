@@ -292,6 +292,9 @@ pub struct Snapshot {
     /// Per-datagram admission checks the peer's port against the endpoints' port ranges (a
     /// v1 config); a v2 config admits by IP only, as STUNner v2 does.
     pub enforce_ports: bool,
+    /// The other gateway pods of this gateway (second-chance forwarding), this pod's own
+    /// addresses left out; empty when forwarding is off.
+    pub sibling_ips: Arc<[IpAddr]>,
     routes: Vec<Route>,
     /// The gateway's own addresses: the listeners' advertised (relay) addresses and the host's
     /// interface addresses (loopback aside, which its scope already guards); never a peer
@@ -417,6 +420,7 @@ impl Snapshot {
             clusters,
             user_quota: u32::try_from(config.admin.user_quota.max(0)).unwrap_or(u32::MAX),
             enforce_ports: config.v1.is_some(),
+            sibling_ips: Arc::from(Vec::new()),
             routes,
             own_ips,
         }

@@ -23,11 +23,15 @@ pub(super) enum Token {
     /// A TCP/TLS connection: its slot in the shard's connection table and the slot's
     /// generation, so that a report for an earlier connection in the slot is ignored.
     Conn { slot: u32, generation: u16 },
+    /// The shard's sibling socket (second-chance forwarding between gateway pods).
+    Sibling,
 }
 
 impl Token {
     const LISTENER: u64 = 1 << 63;
     const CONN: u64 = 1 << 62;
+    /// Both high bits, which no listener or connection token has.
+    const SIBLING: u64 = Token::LISTENER | Token::CONN;
 
     /// A number to register with a poller.
     pub(super) fn to_u64(self) -> u64 {
@@ -39,12 +43,15 @@ impl Token {
             Token::Conn { slot, generation } => {
                 Token::CONN | (u64::from(generation) << 32) | u64::from(slot)
             }
+            Token::Sibling => Token::SIBLING,
         }
     }
 
     /// The token [`Token::to_u64`] made `raw` from.
     pub(super) fn from_u64(raw: u64) -> Token {
-        if raw & Token::LISTENER != 0 {
+        if raw & Token::SIBLING == Token::SIBLING {
+            Token::Sibling
+        } else if raw & Token::LISTENER != 0 {
             Token::Listener {
                 id: ListenerId((raw >> 16) as u32),
                 socket: raw as u16,
@@ -135,6 +142,7 @@ mod tests {
                 slot: 0,
                 generation: 1,
             },
+            Token::Sibling,
         ] {
             assert_eq!(Token::from_u64(token.to_u64()), token);
         }

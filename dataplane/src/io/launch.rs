@@ -32,6 +32,8 @@ pub struct DataplaneConfig {
     pub stream_limits: admission::StreamLimits,
     /// The kernel offload, if it runs (see [`super::offload::start`]).
     pub offload: Option<Arc<super::offload::Offload>>,
+    /// Second-chance forwarding between the gateway's pods, if configured.
+    pub siblings: Option<super::SiblingSetup>,
 }
 
 /// A running dataplane: its shards and their published counters.
@@ -84,6 +86,7 @@ impl Dataplane {
                 groups: groups.clone(),
                 admission: admission.clone(),
                 offload: config.offload.clone(),
+                siblings: config.siblings.clone().map(|setup| (setup, shards)),
             };
             let name = format!("uturn-shard-{index}");
             let backend = config.backend;

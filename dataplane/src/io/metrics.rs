@@ -101,6 +101,9 @@ pub struct ShardReport {
     pub clusters: CountersByName,
     /// Live allocations by listener name.
     pub listener_allocations: Vec<(String, u64)>,
+    /// Second-chance forwarding, if configured: its counters, and how many clients this
+    /// shard forwards to each sibling.
+    pub siblings: Option<(super::SiblingCounts, Vec<(std::net::IpAddr, u64)>)>,
     /// Datagrams dropped, by [`DropReason::index`] (oversized ones count as malformed).
     pub dropped: [u64; DropReason::ALL.len()],
     /// Requests rejected for their credentials (401 or 438 sent).
@@ -279,5 +282,57 @@ fn record_totals(shards: &[ShardStats]) {
     for (i, direction) in ["to_peer", "to_client"].into_iter().enumerate() {
         let relayed: u64 = reports.iter().map(|r| r.offloaded_packets[i]).sum();
         counter!("uturn_offloaded_packets_total", "direction" => direction).absolute(relayed);
+    }
+    record_siblings(&reports);
+}
+
+/// Second-chance forwarding's counters (only when it is configured).
+fn record_siblings(reports: &[ShardReport]) {
+    let counts: Vec<super::SiblingCounts> = reports
+        .iter()
+        .filter_map(|r| r.siblings.as_ref().map(|(c, _)| *c))
+        .collect();
+    if counts.is_empty() {
+        return;
+    }
+    let sum = |pick: fn(&super::SiblingCounts) -> u64| -> u64 { counts.iter().map(pick).sum() };
+    describe_counter!(
+        "uturn_sibling_packets_total",
+        "Client datagrams handed to a sibling gateway pod (forwarded_out) or from one \
+         (forwarded_in), and datagrams for clients sent back through one (returned_out) or \
+         from one (returned_in)"
+    );
+    for (direction, n) in [
+        ("forwarded_out", sum(|c| c.forwarded_out)),
+        ("forwarded_in", sum(|c| c.forwarded_in)),
+        ("returned_out", sum(|c| c.returned_out)),
+        ("returned_in", sum(|c| c.returned_in)),
+    ] {
+        counter!("uturn_sibling_packets_total", "direction" => direction).absolute(n);
+    }
+    describe_counter!(
+        "uturn_sibling_queries_total",
+        "Owner queries for clients whose allocation this pod does not hold, by outcome \
+         (sent, claimed by a sibling, unclaimed, not sent for the source's query budget)"
+    );
+    for (outcome, n) in [
+        ("sent", sum(|c| c.queries)),
+        ("hit", sum(|c| c.hits)),
+        ("miss", sum(|c| c.misses)),
+        ("rate_limited", sum(|c| c.rate_limited)),
+    ] {
+        counter!("uturn_sibling_queries_total", "outcome" => outcome).absolute(n);
+    }
+    describe_counter!(
+        "uturn_sibling_refused_total",
+        "Sibling messages refused, by reason"
+    );
+    for (reason, n) in [
+        ("unauthenticated", sum(|c| c.unauthenticated)),
+        ("stale", sum(|c| c.stale)),
+        ("malformed", sum(|c| c.malformed)),
+        ("not_sibling", sum(|c| c.not_sibling)),
+    ] {
+        counter!("uturn_sibling_refused_total", "reason" => reason).absolute(n);
     }
 }

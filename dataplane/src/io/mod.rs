@@ -27,3 +27,4 @@ mod uring;
 pub use launch::{Dataplane, DataplaneConfig};
 pub use placement::{allowed_cpus, shard_placement, usable_cpus};
 pub use probe::{select as select_backend, BackendChoice, IoBackend};
+pub use shard::{SiblingCounts, SiblingSetup};

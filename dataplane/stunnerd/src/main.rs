@@ -113,6 +113,28 @@ struct Cli {
     /// CDS port for -c k8s.
     #[arg(long = "cds-server-port", default_value_t = 13478)]
     cds_server_port: u16,
+    /// uturn: second-chance forwarding between the pods of this gateway: a client datagram
+    /// that finds no allocation here goes to the sibling pod that holds it. `k8s` (the pods
+    /// of the Service named by --id, `<namespace>/<gateway>` under STUNner's operator),
+    /// `k8s:<namespace>/<service>`, or `static:<ip>,<ip>,…`. Off by default.
+    #[arg(long = "siblings", env = "UTURN_SIBLINGS", value_name = "SPEC")]
+    siblings: Option<String>,
+    /// uturn: the UDP port of shard 0's sibling socket (shard i: port + i), the same on every
+    /// pod of the gateway.
+    #[arg(
+        long = "sibling-port",
+        env = "UTURN_SIBLING_PORT",
+        default_value_t = 13479
+    )]
+    sibling_port: u16,
+    /// uturn: the file holding the key the gateway's pods share to authenticate forwarded
+    /// datagrams (at least 16 bytes; a mounted Secret); else env UTURN_SIBLING_KEY.
+    #[arg(
+        long = "sibling-key-file",
+        env = "UTURN_SIBLING_KEY_FILE",
+        value_name = "PATH"
+    )]
+    sibling_key_file: Option<String>,
     /// STUNner v2: on SIGTERM/SIGINT close everything and exit at once, without draining.
     #[arg(long = "no-graceful-shutdown")]
     no_graceful_shutdown: bool,
@@ -160,6 +182,67 @@ impl Cli {
             )),
         }
     }
+}
+
+/// `--siblings` and its key: where the siblings come from, and the forwarding setup; `None`
+/// when forwarding is off.
+fn sibling_options(
+    cli: &Cli,
+    id: &str,
+) -> Result<
+    Option<(
+        uturn_control::state::Siblings,
+        uturn_dataplane::io::SiblingSetup,
+    )>,
+    String,
+> {
+    use uturn_control::state::Siblings;
+    let Some(spec) = cli.siblings.as_deref() else {
+        return Ok(None);
+    };
+    let siblings = match spec.split_once(':') {
+        None if spec == "k8s" => Siblings::Service(id.to_owned()),
+        Some(("k8s", service)) if service.split_once('/').is_some() => {
+            Siblings::Service(service.to_owned())
+        }
+        Some(("static", list)) => Siblings::Static(
+            list.split(',')
+                .filter(|s| !s.trim().is_empty())
+                .map(|s| {
+                    s.trim()
+                        .parse()
+                        .map_err(|_| format!("--siblings {spec:?}: {s:?} is not an IP address"))
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        _ => {
+            return Err(format!(
+                "--siblings {spec:?}: use k8s, k8s:<namespace>/<service> or static:<ip>,<ip>"
+            ))
+        }
+    };
+    let key = match (&cli.sibling_key_file, std::env::var("UTURN_SIBLING_KEY")) {
+        (Some(path), _) => {
+            std::fs::read(path).map_err(|e| format!("--sibling-key-file {path:?}: {e}"))?
+        }
+        (None, Ok(key)) => key.into_bytes(),
+        (None, Err(_)) => {
+            return Err(
+                "--siblings needs the key the gateway's pods share: --sibling-key-file PATH \
+                 (a mounted Secret) or UTURN_SIBLING_KEY"
+                    .to_owned(),
+            )
+        }
+    };
+    let key = uturn_dataplane::proto::sibling::SiblingKey::new(&key)
+        .map_err(|e| format!("--siblings: {e}"))?;
+    Ok(Some((
+        siblings,
+        uturn_dataplane::io::SiblingSetup {
+            key,
+            port: cli.sibling_port,
+        },
+    )))
 }
 
 /// `--license`: the JSON licensegen writes, `{"license_config":{"key":…,"hmac":…}}` or the bare
@@ -368,6 +451,13 @@ fn main() -> ExitCode {
         eprintln!("stunnerd: {e}");
         return ExitCode::from(1);
     }
+    let siblings = match sibling_options(&cli, &instance_id(&cli)) {
+        Ok(siblings) => siblings,
+        Err(e) => {
+            eprintln!("stunnerd: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let license = match cli.license.as_deref().map(parse_license).transpose() {
         Ok(license) => license,
         Err(e) => {
@@ -505,6 +595,7 @@ fn main() -> ExitCode {
     let dataplane = match Dataplane::start(DataplaneConfig {
         shards,
         offload,
+        siblings: siblings.as_ref().map(|(_, setup)| setup.clone()),
         udp_thread_num: cli.udp_thread_num,
         snapshot: snapshot.clone(),
         nonce_key,
@@ -537,6 +628,8 @@ fn main() -> ExitCode {
         config.admin.offload_interfaces.clone(),
     ));
     let offload_running = offload_status.running;
+    let status_snapshot = snapshot.clone();
+    let forwarding = siblings.is_some();
     let running_loglevel = std::sync::Mutex::new(log_spec);
     let control = match Control::start(ControlConfig {
         source,
@@ -565,6 +658,7 @@ fn main() -> ExitCode {
             }
             total
         }),
+        siblings: siblings.map(|(siblings, _)| siblings).unwrap_or_default(),
         rewrite: Box::new(rewrite),
         on_config: Box::new(move |config: &StunnerConfig| {
             let Ok(mut running) = running_loglevel.lock() else {
@@ -610,6 +704,34 @@ fn main() -> ExitCode {
                     Some(o) => (o.running(), o.xdp_interfaces()),
                     None => (offload_status.running, Vec::new()),
                 };
+                if forwarding {
+                    // Each sibling, and how many clients this pod forwards to it.
+                    let mut forwarding_for: Vec<(std::net::IpAddr, u64)> = Vec::new();
+                    for shard in status_stats.iter() {
+                        let Ok(report) = shard.report.lock() else {
+                            continue;
+                        };
+                        for &(ip, n) in report.siblings.iter().flat_map(|(_, owners)| owners) {
+                            match forwarding_for.iter_mut().find(|(i, _)| *i == ip) {
+                                Some((_, sum)) => *sum += n,
+                                None => forwarding_for.push((ip, n)),
+                            }
+                        }
+                    }
+                    let siblings: Vec<serde_json::Value> = status_snapshot
+                        .load()
+                        .sibling_ips
+                        .iter()
+                        .map(|ip| {
+                            let n = forwarding_for
+                                .iter()
+                                .find(|(i, _)| i == ip)
+                                .map_or(0, |(_, n)| *n);
+                            serde_json::json!({"address": ip, "forwarding_for": n})
+                        })
+                        .collect();
+                    doc.insert("siblings".into(), serde_json::Value::Array(siblings));
+                }
                 doc.insert(
                     "offload".into(),
                     serde_json::json!({

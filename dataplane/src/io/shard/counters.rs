@@ -94,6 +94,7 @@ impl Counters {
         engine: &Engine,
         listeners: &Listeners<W>,
         conns: &ConnTable<W>,
+        siblings: Option<(crate::io::SiblingCounts, Vec<(std::net::IpAddr, u64)>)>,
     ) {
         let engine_stats = engine.stats();
         let dropped: u64 = engine_stats.dropped.iter().sum();
@@ -121,6 +122,7 @@ impl Counters {
             listeners: self.listeners.clone(),
             clusters: self.clusters.clone(),
             listener_allocations: engine.allocations_by_listener(),
+            siblings,
             dropped: engine_stats.dropped,
             auth_failed: engine_stats.auth_failures,
             quota_refused: engine_stats.quota_refusals,

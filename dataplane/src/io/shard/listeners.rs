@@ -114,6 +114,14 @@ impl<W> Listeners<W> {
         self.running.iter().find(|l| l.id == id)
     }
 
+    /// The running UDP (or DTLS) listener called `name`.
+    pub(super) fn id_of(&self, name: &str) -> Option<ListenerId> {
+        self.running
+            .iter()
+            .find(|l| l.spec.name == name && l.datagram_socket(0).is_some())
+            .map(|l| l.id)
+    }
+
     /// Running listener `id`, to change.
     pub(super) fn get_mut(&mut self, id: ListenerId) -> Option<&mut RunningListener<W>> {
         self.running.iter_mut().find(|l| l.id == id)

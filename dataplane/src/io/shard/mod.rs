@@ -23,7 +23,10 @@ mod counters;
 mod datagrams;
 mod listeners;
 mod relays;
+mod siblings;
 mod snapshots;
+
+pub use siblings::{SiblingCounts, SiblingSetup};
 
 use super::admission::StreamAdmission;
 use super::driver::{Driver, Readiness, Token, TICK};
@@ -90,6 +93,9 @@ pub(super) struct ShardSetup {
     pub admission: Arc<StreamAdmission>,
     /// The kernel offload, if it runs.
     pub offload: Option<Arc<Offload>>,
+    /// Second-chance forwarding between the gateway's pods, if configured, and how many
+    /// shards this pod runs (each has a sibling socket).
+    pub siblings: Option<(SiblingSetup, usize)>,
 }
 
 /// One shard: the TURN engine and the parts that own its sockets, buffers and counters.
@@ -114,6 +120,8 @@ pub(super) struct Shard<D: Driver> {
     /// its entries were checked against.
     next_offload_sync: Instant,
     offload_generation: u64,
+    /// Second-chance forwarding, if configured.
+    siblings: Option<siblings::SiblingLink<D::Watch>>,
 }
 
 impl<D: Driver> Shard<D> {
@@ -123,6 +131,32 @@ impl<D: Driver> Shard<D> {
         if setup.offload.is_some() {
             engine.enable_offload();
         }
+        let siblings =
+            setup.siblings.as_ref().and_then(
+                |(sibling, shards)| match siblings::SiblingLink::open(
+                    sibling,
+                    setup.index,
+                    *shards,
+                    &driver,
+                    Instant::now(),
+                ) {
+                    Ok(link) => {
+                        engine.set_forward_misses(true);
+                        Some(link)
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            target: "stunnerd",
+                            "shard {}: cannot open the sibling socket on port {} + {}: {e}; this \
+                             shard forwards no client to a sibling",
+                            setup.index,
+                            sibling.port,
+                            setup.index
+                        );
+                        None
+                    }
+                },
+            );
         Shard {
             index: setup.index,
             engine,
@@ -139,6 +173,7 @@ impl<D: Driver> Shard<D> {
             resource_log: Default::default(),
             next_offload_sync: Instant::now() + COUNTER_SYNC,
             offload_generation: 0,
+            siblings,
         }
     }
 
@@ -166,11 +201,17 @@ impl<D: Driver> Shard<D> {
         if self.relays.offload.is_some() {
             self.tick_offload(now);
         }
+        if let Some(link) = self.siblings.as_mut() {
+            link.tick(now);
+        }
         self.counters.publish(
             &setup.stats[self.index],
             &self.engine,
             &self.listeners,
             &self.conns,
+            self.siblings
+                .as_ref()
+                .map(|link| (link.counts, link.forwarding_for())),
         );
     }
 
@@ -325,6 +366,7 @@ impl<D: Driver> Shard<D> {
                 }
             }
             Token::Conn { slot, generation } => self.conn_ready(slot, generation),
+            Token::Sibling => self.sibling_readable(),
         }
     }
 
@@ -618,8 +660,7 @@ impl<D: Driver> Shard<D> {
         );
         match action {
             ClientAction::Drop(_) => None,
-            // Only when second-chance forwarding is on, which this shard does not turn on yet.
-            ClientAction::Miss => None,
+            ClientAction::Miss => self.miss(now, id, from, data),
             ClientAction::Reply(n) => Some(n),
             ClientAction::Relay {
                 relay,
@@ -627,18 +668,19 @@ impl<D: Driver> Shard<D> {
                 payload,
                 cluster,
             } => {
-                if let Some(fd) = self.relays.fd(relay) {
-                    let counters = &mut self.counters;
-                    counters.relayed_to_peer += 1;
-                    let cluster = counters.cluster(snap, cluster).unwrap_or(NO_SLOT);
-                    self.datagrams.to_peers.push(
-                        fd,
-                        &data[payload],
-                        peer,
-                        cluster,
-                        &mut |cluster, outcome| counters.sent_to_peer(cluster, outcome),
-                    );
-                }
+                let snap: &Snapshot = self.snapshots.serving();
+                let (relays, counters, datagrams) =
+                    (&self.relays, &mut self.counters, &mut self.datagrams);
+                relay_to_peer(
+                    relays,
+                    counters,
+                    datagrams,
+                    snap,
+                    relay,
+                    peer,
+                    &data[payload],
+                    cluster,
+                );
                 None
             }
             ClientAction::AllocateRelay(request) => {
@@ -687,6 +729,64 @@ impl<D: Driver> Shard<D> {
         }
     }
 
+    /// A client datagram that needs an allocation this shard does not hold, with forwarding
+    /// on: a UDP client's goes to the sibling that holds it (a moved flow); a stream or DTLS
+    /// client's (a new connection is a new 5-tuple, which no sibling holds) and one no
+    /// sibling claims get today's answer. The length of a reply left in `self.out`.
+    fn miss(
+        &mut self,
+        now: Instant,
+        id: ListenerId,
+        from: SocketAddr,
+        data: &[u8],
+    ) -> Option<usize> {
+        let udp = self
+            .listeners
+            .get(id)
+            .is_some_and(|l| matches!(l.transport, ListenerTransport::Udp));
+        if udp {
+            if let siblings::MissVerdict::Forwarded = self.forward_miss(now, id, from, data) {
+                return None;
+            }
+        }
+        let snap: &Snapshot = self.snapshots.serving();
+        let listener = self.listeners.get(id)?;
+        let action = self.engine.handle_client_local(
+            now,
+            snap,
+            ListenerRef {
+                id,
+                spec: &listener.spec,
+            },
+            from,
+            data,
+            &mut self.out,
+        );
+        let snap = self.snapshots.serving_arc();
+        self.act(now, &snap, id, from, data, action)
+    }
+
+    /// Queues `payload` for `peer` on `relay`'s socket, counted under `cluster`.
+    fn relay_to_peer(
+        &mut self,
+        snap: &Snapshot,
+        relay: RelayId,
+        peer: SocketAddr,
+        payload: &[u8],
+        cluster: uturn_shared::snapshot::ClusterId,
+    ) {
+        relay_to_peer(
+            &self.relays,
+            &mut self.counters,
+            &mut self.datagrams,
+            snap,
+            relay,
+            peer,
+            payload,
+            cluster,
+        );
+    }
+
     /// A datagram from a peer on `relay`'s socket: relayed to the client (as ChannelData or
     /// a Data indication) on whatever transport the client uses.
     fn peer_datagram(&mut self, now: Instant, relay: RelayId, datagram: Datagram<'_>) {
@@ -705,13 +805,27 @@ impl<D: Driver> Shard<D> {
             bytes,
             cluster,
             payload_len,
-            via: _,
+            via,
         } = self
             .engine
             .handle_peer(now, snap, relay, peer, buf, &mut self.out)
         else {
             return;
         };
+        if let Some(via) = via {
+            // The client reaches us through a sibling now: back through it.
+            let counters = &mut self.counters;
+            if let Some(slot) = counters.cluster(snap, cluster) {
+                counters.clusters.traffic[slot].rx(payload_len);
+            }
+            counters.relayed_to_client += 1;
+            let data = match bytes {
+                Bytes::Input(range) => buf[range].to_vec(),
+                Bytes::Output(n) => self.out[..n].to_vec(),
+            };
+            self.return_through(via, listener, client, &data);
+            return;
+        }
         let counters = &mut self.counters;
         if let Some(slot) = counters.cluster(snap, cluster) {
             counters.clusters.traffic[slot].rx(payload_len);
@@ -745,5 +859,28 @@ impl<D: Driver> Shard<D> {
                 }
             }
         }
+    }
+}
+
+/// Queues `payload` for `peer` on `relay`'s socket, counted under `cluster`.
+#[allow(clippy::too_many_arguments)] // the shard's parts it touches, each borrowed apart
+fn relay_to_peer(
+    relays: &Relays<impl Sized>,
+    counters: &mut Counters,
+    datagrams: &mut Datagrams,
+    snap: &Snapshot,
+    relay: RelayId,
+    peer: SocketAddr,
+    payload: &[u8],
+    cluster: uturn_shared::snapshot::ClusterId,
+) {
+    if let Some(fd) = relays.fd(relay) {
+        counters.relayed_to_peer += 1;
+        let cluster = counters.cluster(snap, cluster).unwrap_or(NO_SLOT);
+        datagrams
+            .to_peers
+            .push(fd, payload, peer, cluster, &mut |cluster, outcome| {
+                counters.sent_to_peer(cluster, outcome)
+            });
     }
 }

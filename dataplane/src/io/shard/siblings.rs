@@ -1,0 +1,486 @@
+//! Second-chance forwarding between the gateway pods of one gateway ("siblings"): when a
+//! client's UDP flow moves to this pod (a load balancer re-balanced it, a conntrack entry
+//! timed out) and its datagram finds no allocation here, this pod hands the datagram to the
+//! sibling that holds the allocation, which answers through this pod; the client keeps
+//! talking to the address it knows, the peer to the relay address it knows.
+//!
+//! Each shard has its own sibling socket, on the base port plus its index, so that an owner
+//! answers from the shard that holds the allocation and the forwarder's later datagrams reach
+//! that shard directly. A datagram whose owner is not known yet goes to every sibling's first
+//! shard as a query ([`FLAG_QUERY`]); a first shard that does not hold the client hands the
+//! query on to its pod's other shards (with the forwarder as its origin); the shard that holds
+//! it answers a [`Kind::Claim`] and, like every answer, a [`Kind::Return`] to the forwarder,
+//! which remembers the owner. A query nobody claims within [`QUERY_WAIT`] makes the client
+//! "nobody's" for [`NOBODY_FOR`]: its datagrams then get today's answer (437, or a drop).
+//! Queries are limited per client source IP; forwards to a known owner are not (they are the
+//! call's media). Every message is authenticated ([`crate::proto::sibling`]) and must come
+//! from a sibling's address (or, handed on inside the pod, from loopback).
+
+use super::{Driver, Shard};
+use crate::io::driver::{Interest, Readiness, Token, Watched};
+use crate::io::socket::{canonical, for_socket, listener_socket};
+use crate::proto::limits::ChallengeLimiter;
+use crate::proto::sibling::{self, Kind, SiblingError, SiblingKey, SiblingMessage, FLAG_QUERY};
+use crate::proto::{BoundRelays, ClientAction, ListenerId, ListenerRef, PEER_HEADROOM};
+use foldhash::fast::RandomState;
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use uturn_shared::snapshot::Snapshot;
+use uturn_udp::try_send_to;
+
+/// How long a query waits for its owner's claim.
+pub(crate) const QUERY_WAIT: Duration = Duration::from_millis(300);
+/// How long a client no sibling claimed gets today's answer without asking again.
+pub(crate) const NOBODY_FOR: Duration = Duration::from_secs(5);
+/// How long a known owner is remembered without a datagram for it.
+pub(crate) const OWNER_IDLE: Duration = Duration::from_secs(120);
+/// Clients remembered at most per shard, in each table (an owner, nobody's, a query in flight).
+const MAX_CLIENTS: usize = 1 << 16;
+/// Queries one client source IP may make at once, and per second after that.
+const QUERY_BURST: u32 = 20;
+const QUERY_RATE: u32 = 10;
+
+/// What the dataplane is told about its siblings at start (their addresses come and go with
+/// the snapshot).
+#[derive(Debug, Clone)]
+pub struct SiblingSetup {
+    /// The key the gateway's pods share.
+    pub key: SiblingKey,
+    /// The first shard's sibling port; shard `i` listens on `port + i`, on every pod.
+    pub port: u16,
+}
+
+/// The counters of second-chance forwarding, per shard.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SiblingCounts {
+    /// Client datagrams handed to a sibling (queries included).
+    pub forwarded_out: u64,
+    /// Client datagrams a sibling handed us, that we held the allocation of.
+    pub forwarded_in: u64,
+    /// Datagrams for a client sent back through the sibling it reaches us through.
+    pub returned_out: u64,
+    /// Datagrams a sibling sent back for our listener to send to its client.
+    pub returned_in: u64,
+    /// Queries sent (one per unknown client, to every sibling).
+    pub queries: u64,
+    /// Queries a sibling claimed.
+    pub hits: u64,
+    /// Queries no sibling claimed in time.
+    pub misses: u64,
+    /// Queries not sent for the client source's query budget.
+    pub rate_limited: u64,
+    /// Messages refused: not authenticated (wrong key), stale clock, malformed, or from an
+    /// address that is no sibling.
+    pub unauthenticated: u64,
+    /// See [`SiblingCounts::unauthenticated`].
+    pub stale: u64,
+    /// See [`SiblingCounts::unauthenticated`].
+    pub malformed: u64,
+    /// See [`SiblingCounts::unauthenticated`].
+    pub not_sibling: u64,
+}
+
+/// Whom a client of one of our listeners is forwarded to.
+#[derive(Debug, Clone, Copy)]
+struct Owner {
+    addr: SocketAddr,
+    seen: Instant,
+}
+
+type ClientOf = (ListenerId, SocketAddr);
+
+/// A shard's sibling socket and what it knows of its clients' owners.
+pub(super) struct SiblingLink<W> {
+    socket: Watched<W>,
+    key: SiblingKey,
+    base: u16,
+    index: usize,
+    shards: usize,
+    owners: HashMap<ClientOf, Owner, RandomState>,
+    nobody: HashMap<ClientOf, Instant, RandomState>,
+    pending: HashMap<ClientOf, Instant, RandomState>,
+    queries: ChallengeLimiter,
+    message: Vec<u8>,
+    pub(super) counts: SiblingCounts,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl<W> SiblingLink<W> {
+    /// Opens shard `index`'s sibling socket (`setup.port + index`, every address).
+    pub(super) fn open<D: Driver<Watch = W>>(
+        setup: &SiblingSetup,
+        index: usize,
+        shards: usize,
+        driver: &D,
+        now: Instant,
+    ) -> io::Result<SiblingLink<W>> {
+        let port = u16::try_from(usize::from(setup.port) + index)
+            .map_err(|_| io::Error::other("sibling port beyond 65535"))?;
+        let socket = listener_socket(None, port)?;
+        let socket = driver.watch(socket, Token::Sibling, Interest::Datagrams)?;
+        Ok(SiblingLink {
+            socket,
+            key: setup.key.clone(),
+            base: setup.port,
+            index,
+            shards,
+            owners: HashMap::with_hasher(RandomState::default()),
+            nobody: HashMap::with_hasher(RandomState::default()),
+            pending: HashMap::with_hasher(RandomState::default()),
+            queries: ChallengeLimiter::new(QUERY_RATE, QUERY_BURST, now),
+            message: Vec::with_capacity(2048),
+            counts: SiblingCounts::default(),
+        })
+    }
+
+    fn send(&mut self, to: SocketAddr, message: &SiblingMessage<'_>) -> bool {
+        if sibling::encode(&self.key, message, unix_ms(), &mut self.message).is_none() {
+            return false;
+        }
+        matches!(
+            try_send_to(self.socket.fd, &self.message, for_socket_any(to)),
+            Ok(Some(_))
+        )
+    }
+
+    /// Forgets owners idle too long, turns unanswered queries into "nobody's".
+    pub(super) fn tick(&mut self, now: Instant) {
+        self.owners
+            .retain(|_, owner| now.saturating_duration_since(owner.seen) < OWNER_IDLE);
+        self.nobody.retain(|_, until| *until > now);
+        let mut missed = Vec::new();
+        self.pending.retain(|client, deadline| {
+            let waiting = *deadline > now;
+            if !waiting {
+                missed.push(*client);
+            }
+            waiting
+        });
+        for client in missed {
+            self.counts.misses += 1;
+            if self.nobody.len() < MAX_CLIENTS {
+                self.nobody.insert(client, now + NOBODY_FOR);
+            }
+        }
+    }
+
+    /// How many clients this shard forwards to each sibling (by IP).
+    pub(super) fn forwarding_for(&self) -> Vec<(IpAddr, u64)> {
+        let mut counts: Vec<(IpAddr, u64)> = Vec::new();
+        for owner in self.owners.values() {
+            let ip = owner.addr.ip();
+            match counts.iter_mut().find(|(i, _)| *i == ip) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((ip, 1)),
+            }
+        }
+        counts
+    }
+}
+
+/// A dual-stack socket reaches an IPv4 address through its mapped form.
+fn for_socket_any(to: SocketAddr) -> SocketAddr {
+    for_socket("[::]:0".parse().expect("an address"), to)
+}
+
+/// What to do with a client datagram that missed.
+pub(super) enum MissVerdict {
+    /// Handed to a sibling (or dropped while a query is in flight): nothing to answer here.
+    Forwarded,
+    /// Give today's answer.
+    Local,
+}
+
+impl<D: Driver> Shard<D> {
+    /// A datagram from `from` on UDP listener `id` that needs an allocation this shard does
+    /// not hold: to its owner if known, else a query to every sibling, else today's answer.
+    pub(super) fn forward_miss(
+        &mut self,
+        now: Instant,
+        id: ListenerId,
+        from: SocketAddr,
+        data: &[u8],
+    ) -> MissVerdict {
+        let snap: &Snapshot = self.snapshots.serving();
+        let siblings = snap.sibling_ips.clone();
+        let (Some(link), Some(listener)) = (self.siblings.as_mut(), self.listeners.get(id)) else {
+            return MissVerdict::Local;
+        };
+        let client = (id, from);
+        let message = |flags| SiblingMessage {
+            kind: Kind::Forward,
+            flags,
+            client: from,
+            origin: None,
+            listener: &listener.spec.name,
+            payload: data,
+        };
+        if let Some(owner) = link.owners.get_mut(&client) {
+            owner.seen = now;
+            let to = owner.addr;
+            if link.send(to, &message(0)) {
+                link.counts.forwarded_out += 1;
+            }
+            return MissVerdict::Forwarded;
+        }
+        if link.nobody.get(&client).is_some_and(|until| *until > now) || siblings.is_empty() {
+            return MissVerdict::Local;
+        }
+        if link.pending.contains_key(&client) {
+            // A query is out: the owner will be known in a moment.
+            return MissVerdict::Forwarded;
+        }
+        if link.pending.len() >= MAX_CLIENTS || !link.queries.allow(from.ip(), now) {
+            link.counts.rate_limited += 1;
+            return MissVerdict::Local;
+        }
+        link.pending.insert(client, now + QUERY_WAIT);
+        link.counts.queries += 1;
+        let base = link.base;
+        for ip in siblings.iter() {
+            if link.send(SocketAddr::new(*ip, base), &message(FLAG_QUERY)) {
+                link.counts.forwarded_out += 1;
+            }
+        }
+        MissVerdict::Forwarded
+    }
+
+    /// The sibling socket is readable.
+    pub(super) fn sibling_readable(&mut self) -> Readiness {
+        let Some(fd) = self.siblings.as_ref().map(|l| l.socket.fd) else {
+            return Readiness::Drained;
+        };
+        let Some(mut batch) = self.datagrams.relay_batch.take() else {
+            return Readiness::Drained;
+        };
+        let readiness = self.drain(fd, &mut batch, |shard, now, datagram| {
+            let Some(from) = datagram.from.map(canonical) else {
+                return;
+            };
+            if datagram.truncated {
+                if let Some(link) = shard.siblings.as_mut() {
+                    link.counts.malformed += 1;
+                }
+                return;
+            }
+            let bytes = &datagram.buf[PEER_HEADROOM..PEER_HEADROOM + datagram.len];
+            shard.sibling_datagram(now, from, bytes);
+        });
+        self.datagrams.relay_batch = Some(batch);
+        readiness
+    }
+
+    fn sibling_datagram(&mut self, now: Instant, from: SocketAddr, bytes: &[u8]) {
+        let snap = self.snapshots.serving_arc();
+        let Some(link) = self.siblings.as_mut() else {
+            return;
+        };
+        // Handed on inside this pod, or from a sibling.
+        if !from.ip().is_loopback() && !snap.sibling_ips.contains(&from.ip()) {
+            link.counts.not_sibling += 1;
+            return;
+        }
+        let message = match sibling::decode(&link.key, bytes, unix_ms()) {
+            Ok(message) => message,
+            Err(error) => {
+                match error {
+                    SiblingError::Unauthenticated => link.counts.unauthenticated += 1,
+                    SiblingError::Stale => link.counts.stale += 1,
+                    SiblingError::Malformed => link.counts.malformed += 1,
+                }
+                return;
+            }
+        };
+        let Some(id) = self.listeners.id_of(message.listener) else {
+            return;
+        };
+        let client = (id, message.client);
+        match message.kind {
+            Kind::Claim => {
+                let link = self.siblings.as_mut().expect("checked above");
+                if link.pending.remove(&client).is_some() {
+                    link.counts.hits += 1;
+                }
+                link.nobody.remove(&client);
+                if link.owners.len() < MAX_CLIENTS || link.owners.contains_key(&client) {
+                    link.owners.insert(
+                        client,
+                        Owner {
+                            addr: from,
+                            seen: now,
+                        },
+                    );
+                }
+            }
+            Kind::Return => {
+                let Some(socket) = self
+                    .listeners
+                    .get(id)
+                    .and_then(|l| l.datagram_socket(0))
+                    .filter(|s| !s.dtls)
+                else {
+                    return;
+                };
+                let link = self.siblings.as_mut().expect("checked above");
+                link.counts.returned_in += 1;
+                if let Some(owner) = link.owners.get_mut(&client) {
+                    owner.seen = now;
+                }
+                socket.send_to(message.client, message.payload, &mut self.counters);
+            }
+            Kind::Forward => {
+                let reply_to = message.origin.unwrap_or(from);
+                if self.engine.holds(id, message.client) {
+                    self.owner_forwarded(now, &snap, id, reply_to, &message);
+                    return;
+                }
+                // A query reaches every pod's first shard: that shard asks the pod's others.
+                let link = self.siblings.as_mut().expect("checked above");
+                if message.flags & FLAG_QUERY != 0 && message.origin.is_none() && link.index == 0 {
+                    let handed_on = SiblingMessage {
+                        origin: Some(from),
+                        ..message.clone()
+                    };
+                    for shard in 1..link.shards {
+                        let Some(port) = u16::try_from(usize::from(link.base) + shard).ok() else {
+                            break;
+                        };
+                        let local = SocketAddr::new(IpAddr::from([127, 0, 0, 1]), port);
+                        link.send(local, &handed_on);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The owner's side: a datagram a sibling (`reply_to`) forwarded for a client whose
+    /// allocation this shard holds, handled as if it came straight, answered through it.
+    fn owner_forwarded(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        id: ListenerId,
+        reply_to: SocketAddr,
+        message: &SiblingMessage<'_>,
+    ) {
+        let Some(listener) = self.listeners.get(id) else {
+            return;
+        };
+        let action = self.engine.handle_forwarded(
+            now,
+            snap,
+            ListenerRef {
+                id,
+                spec: &listener.spec,
+            },
+            message.client,
+            message.payload,
+            &mut self.out,
+            reply_to,
+        );
+        let name = listener.spec.name.clone();
+        let reply = self.act(now, snap, id, message.client, message.payload, action);
+        let Some(link) = self.siblings.as_mut() else {
+            return;
+        };
+        link.counts.forwarded_in += 1;
+        if message.flags & FLAG_QUERY != 0 {
+            let claim = SiblingMessage {
+                kind: Kind::Claim,
+                flags: 0,
+                client: message.client,
+                origin: None,
+                listener: &name,
+                payload: &[],
+            };
+            link.send(reply_to, &claim);
+        }
+        if let Some(n) = reply {
+            let answer = SiblingMessage {
+                kind: Kind::Return,
+                flags: 0,
+                client: message.client,
+                origin: None,
+                listener: &name,
+                payload: &self.out[..n],
+            };
+            if link.send(reply_to, &answer) {
+                link.counts.returned_out += 1;
+            }
+        }
+    }
+
+    /// Sends `data` for `client` of listener `id` back through sibling `via`.
+    pub(super) fn return_through(
+        &mut self,
+        via: SocketAddr,
+        id: ListenerId,
+        client: SocketAddr,
+        data: &[u8],
+    ) {
+        let (Some(link), Some(listener)) = (self.siblings.as_mut(), self.listeners.get(id)) else {
+            return;
+        };
+        let answer = SiblingMessage {
+            kind: Kind::Return,
+            flags: 0,
+            client,
+            origin: None,
+            listener: &listener.spec.name,
+            payload: data,
+        };
+        if link.send(via, &answer) {
+            link.counts.returned_out += 1;
+        }
+    }
+
+    /// Carries out what the engine asked for a client datagram (relays it, or binds an
+    /// allocation's sockets); the length of the reply left in `self.out`, if any.
+    pub(super) fn act(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        id: ListenerId,
+        from: SocketAddr,
+        data: &[u8],
+        action: ClientAction,
+    ) -> Option<usize> {
+        let _ = (now, id, from);
+        match action {
+            ClientAction::Drop(_) | ClientAction::Miss => None,
+            ClientAction::Reply(n) => Some(n),
+            ClientAction::Relay {
+                relay,
+                peer,
+                payload,
+                cluster,
+            } => {
+                self.relay_to_peer(snap, relay, peer, &data[payload], cluster);
+                None
+            }
+            ClientAction::AllocateRelay(request) => {
+                // An Allocate is never forwarded; a request for relays here is answered as
+                // a bind failure rather than left pending.
+                self.engine.complete_allocate(
+                    now,
+                    request.relay,
+                    BoundRelays {
+                        relay: Err(crate::proto::RelayBindError {
+                            kind: io::ErrorKind::Unsupported,
+                        }),
+                        additional: None,
+                    },
+                    &mut self.out,
+                )
+            }
+        }
+    }
+}
