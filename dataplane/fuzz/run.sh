@@ -11,7 +11,7 @@
 # build). Extra libFuzzer flags can be passed in FUZZ_ARGS; VERBOSE=1 shows libFuzzer's output.
 set -euo pipefail
 
-ALL_TARGETS=(engine_unauth engine_session framer config peer_policy admin_http cds_message)
+ALL_TARGETS=(engine_unauth engine_session framer config peer_policy admin_http cds_message sibling)
 
 usage() {
     echo "usage: $0 SECONDS [TARGET...]   targets: ${ALL_TARGETS[*]}" >&2

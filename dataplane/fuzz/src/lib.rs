@@ -14,3 +14,4 @@ pub mod framer;
 pub mod input;
 pub mod peer_policy;
 pub mod seeds;
+pub mod sibling;

@@ -103,18 +103,13 @@ impl std::fmt::Debug for SiblingKey {
 }
 
 impl SiblingKey {
-    /// A key from its bytes (surrounding whitespace of a key file ignored); at least
-    /// [`MIN_KEY_LEN`] bytes.
+    /// A key from its bytes (a key file's final line break ignored, nothing else: a binary
+    /// key may hold any byte); at least [`MIN_KEY_LEN`] bytes.
     pub fn new(bytes: &[u8]) -> Result<SiblingKey, String> {
-        let start = bytes
-            .iter()
-            .position(|b| !b.is_ascii_whitespace())
-            .unwrap_or(bytes.len());
-        let end = bytes
-            .iter()
-            .rposition(|b| !b.is_ascii_whitespace())
-            .map_or(start, |i| i + 1);
-        let key = &bytes[start..end];
+        let key = bytes
+            .strip_suffix(b"\r\n")
+            .or_else(|| bytes.strip_suffix(b"\n"))
+            .unwrap_or(bytes);
         if key.len() < MIN_KEY_LEN {
             return Err(format!(
                 "the sibling key has {} bytes: use at least {MIN_KEY_LEN} random bytes \
@@ -308,9 +303,13 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_at_least_16_bytes_and_trimmed() {
+    fn keys_are_at_least_16_bytes_and_lose_only_a_final_line_break() {
         assert!(SiblingKey::new(b"short").is_err());
-        assert!(SiblingKey::new(b"   0123456789abcde  \n").is_err());
+        assert!(SiblingKey::new(b"0123456789abcde\r\n").is_err());
+        assert!(
+            SiblingKey::new(&[b' '; 16]).is_ok(),
+            "binary keys keep every byte"
+        );
         let a = SiblingKey::new(b"0123456789abcdef\n").unwrap();
         let b = SiblingKey::new(b"0123456789abcdef").unwrap();
         let mut buf = Vec::new();
