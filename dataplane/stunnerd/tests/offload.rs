@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::time::Duration;
+use uturn_testkit::cluster::{forward_ipv4, run, udp_checksum_errors, VethPair};
 use uturn_testkit::link::{TurnLink, LINK_CREDS};
 use uturn_testkit::peers::Peer;
 use uturn_testkit::stunnerd::{free_port, metric, status, temp_file, wait_until, Stunnerd};
@@ -375,20 +376,6 @@ struct PodShape {
     procs: Vec<uturn_testkit::stunnerd::Killed>,
 }
 
-fn run(args: &[&str]) -> String {
-    let output = std::process::Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("{}: {e}", args[0]));
-    assert!(
-        output.status.success(),
-        "{}: {} (this test makes network namespaces: it must run as root)",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 impl PodShape {
     /// The namespaces, with the veths' checksum offloads on (`checksum_offload`) or off.
     fn create(checksum_offload: bool) -> PodShape {
@@ -406,47 +393,20 @@ impl PodShape {
         };
         let node = shape.ns("node");
         run(&["ip", "netns", "add", &node]);
-        run(&[
-            "ip",
-            "netns",
-            "exec",
-            &node,
-            "sysctl",
-            "-qw",
-            "net.ipv4.ip_forward=1",
-        ]);
+        forward_ipv4(&node);
         for (i, role) in ["pod", "client", "peer"].into_iter().enumerate() {
             let ns = shape.ns(role);
-            let (node_side, far_side) = (format!("{prefix}{i}n"), format!("{prefix}{i}f"));
             let base = 4 * i as u8;
-            let node_ip = format!("10.214.{third}.{}", base + 1);
-            let far_ip = format!("10.214.{third}.{}/30", base + 2);
             run(&["ip", "netns", "add", &ns]);
-            run(&[
-                "ip", "-n", &node, "link", "add", &node_side, "type", "veth", "peer", "name",
-                &far_side, "netns", &ns,
-            ]);
-            run(&[
-                "ip",
-                "-n",
-                &node,
-                "addr",
-                "add",
-                &format!("{node_ip}/30"),
-                "dev",
-                &node_side,
-            ]);
-            run(&["ip", "-n", &ns, "addr", "add", &far_ip, "dev", &far_side]);
-            for (n, dev) in [(&node, &node_side), (&ns, &far_side)] {
-                run(&["ip", "-n", n, "link", "set", dev, "up"]);
-                if !checksum_offload {
-                    run(&[
-                        "ip", "netns", "exec", n, "ethtool", "-K", dev, "tx", "off", "rx", "off",
-                    ]);
-                }
+            VethPair {
+                node: &node,
+                node_side: &format!("{prefix}{i}n"),
+                node_ip: [10, 214, third, base + 1].into(),
+                ns: &ns,
+                far_side: &format!("{prefix}{i}f"),
+                far_ip: [10, 214, third, base + 2].into(),
             }
-            run(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
-            run(&["ip", "-n", &ns, "route", "add", "default", "via", &node_ip]);
+            .create(checksum_offload);
         }
         shape
     }
@@ -529,21 +489,7 @@ impl PodShape {
 
     /// UDP datagrams namespace `role` received with a bad checksum (`InCsumErrors`).
     fn checksum_errors(&self, role: &str) -> u64 {
-        let snmp = run(&[
-            "ip",
-            "netns",
-            "exec",
-            &self.ns(role),
-            "cat",
-            "/proc/net/snmp",
-        ]);
-        let udp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Udp:")).collect();
-        let (names, values) = (udp[0].split_whitespace(), udp[1].split_whitespace());
-        names
-            .zip(values)
-            .find(|(n, _)| *n == "InCsumErrors")
-            .and_then(|(_, v)| v.parse().ok())
-            .unwrap()
+        udp_checksum_errors(&self.ns(role))
     }
 }
 

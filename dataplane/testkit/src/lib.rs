@@ -7,6 +7,8 @@
 //! - `stunnerd`, `turn_client`, `link`, `peers`, `turncat`, `tls` (feature `process`): the
 //!   stunnerd process driver with its wait, log and probe helpers; TURN clients that talk to
 //!   it over loopback; echo peers; the turncat driver; certificates.
+//! - `cluster` (feature `process`): gateway pods, a client and a peer in network namespaces
+//!   behind a service VIP that a test moves from pod to pod (kube-proxy's view of a flow).
 //!
 //! The fuzz workspace builds this crate with default features only, so the instrumented
 //! build carries no sockets, processes, tokio or HTTP stack.
@@ -18,6 +20,8 @@ pub mod apiserver;
 #[cfg(feature = "fakes")]
 pub mod cds;
 
+#[cfg(feature = "process")]
+pub mod cluster;
 #[cfg(feature = "process")]
 pub mod link;
 #[cfg(feature = "process")]
