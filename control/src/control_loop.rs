@@ -58,6 +58,10 @@ pub(crate) async fn run(
     let mut state = ControlState::new(config.initial, generation)
         .with_discovery_timeout(config.discovery_timeout)
         .with_siblings(config.siblings);
+    // Static siblings are known now: the dataplane gets them at once, not with the next event.
+    if let Some(snapshot) = state.poll_snapshot() {
+        config.snapshot.store(Arc::new(snapshot));
+    }
     let mut supervisor = Supervisor::new(
         config.source,
         Outbox::new(events.clone()),

@@ -171,9 +171,11 @@ impl ControlState {
     /// Follows `siblings` for second-chance forwarding (a Service is watched like a
     /// KUBERNETES cluster's, but readiness does not wait for it).
     pub fn with_siblings(mut self, siblings: Siblings) -> ControlState {
-        self.siblings = siblings;
-        self.sync_watches();
-        self.dirty = true;
+        if siblings != Siblings::Off {
+            self.siblings = siblings;
+            self.sync_watches();
+            self.dirty = true;
+        }
         self
     }
 

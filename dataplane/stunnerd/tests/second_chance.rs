@@ -7,6 +7,7 @@
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
+use stun_proto::types::message::MessageWriteExt;
 use uturn_testkit::cluster::{udp_checksum_errors, Cluster, VIP_PORT};
 use uturn_testkit::link::TurnLink;
 use uturn_testkit::peers::Peer;
@@ -178,4 +179,270 @@ fn without_forwarding_a_moved_flow_kills_the_call() {
     );
     let senders: Vec<SocketAddr> = peer.senders().into_keys().collect();
     assert_eq!(senders, vec![relay]);
+}
+
+/// The key the test gateway's pods share.
+const SIBLING_KEY: &str = "0123456789abcdef0123456789abcdef";
+
+/// Starts every pod of `cluster` with second-chance forwarding among them.
+fn start_forwarding(cluster: &mut Cluster) {
+    let config = cluster.static_config();
+    let ips: Vec<String> = cluster.pods().iter().map(|p| p.ip.to_string()).collect();
+    let siblings = format!("static:{}", ips.join(","));
+    cluster.start_pods(
+        &config,
+        &["--siblings", &siblings],
+        &[("UTURN_SIBLING_KEY", SIBLING_KEY)],
+    );
+}
+
+/// A call set up through the VIP (on pod a): the client's link, the echo peer, the relay.
+fn call(cluster: &Cluster) -> (TurnLink, Peer, SocketAddr) {
+    let peer = cluster.in_peer(|| Peer::on(&cluster.peer_ip().to_string()));
+    let mut link = cluster.in_client(|| {
+        TurnLink::connect(uturn_perf::turncat::transport::Protocol::Udp, cluster.vip())
+            .expect("a UDP socket in the client namespace")
+    });
+    let relay = link
+        .allocate(false, false)
+        .unwrap_or_else(|code| panic!("allocation: {code}\n{}", cluster.describe()));
+    link.create_permission(peer.addr)
+        .unwrap_or_else(|code| panic!("permission: {code}\n{}", cluster.describe()));
+    link.bind_channel(0x4000, peer.addr)
+        .unwrap_or_else(|code| panic!("channel: {code}\n{}", cluster.describe()));
+    (link, peer, relay)
+}
+
+/// At most the datagrams in flight at a move may be lost (the one that asks the siblings
+/// who owns the client, and those sent while the answer is on its way).
+fn mostly(echoed: &[u32], seqs: std::ops::Range<u32>, cluster: &Cluster) {
+    let lost: Vec<u32> = seqs.clone().filter(|s| !echoed.contains(s)).collect();
+    assert!(
+        lost.len() <= 3,
+        "lost {lost:?} of {seqs:?}\n{}\n{}",
+        cluster.describe(),
+        sibling_metrics(cluster)
+    );
+}
+
+/// Every pod's `uturn_sibling_*` metrics, for a failure message.
+fn sibling_metrics(cluster: &Cluster) -> String {
+    (0..cluster.pods().len())
+        .map(|i| {
+            let page = cluster
+                .http_get(i, uturn_testkit::cluster::METRICS_PORT, "/metrics")
+                .map(|(_, body)| body)
+                .unwrap_or_default();
+            let lines: Vec<&str> = page
+                .lines()
+                .filter(|l| l.starts_with("uturn_sibling") || l.starts_with("uturn_dropped"))
+                .collect();
+            format!("pod {i}: {}", lines.join("; "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The first field report, solved in the gateway: pod a drains (NotReady at once, no
+/// --force-ready-status), the client's flow moves to pod b, and the call keeps flowing through
+/// b to the allocation a still holds: media both ways, Refresh, CreatePermission and
+/// ChannelBind; a exits 0 once the call deletes its allocation.
+#[test]
+fn with_forwarding_a_moved_call_keeps_flowing_until_it_ends() {
+    let mut cluster = Cluster::new(2);
+    start_forwarding(&mut cluster);
+    let (mut link, peer, relay) = call(&cluster);
+    assert_eq!(relay.ip(), IpAddr::from(cluster.pod(0).ip));
+    assert_eq!(paced_call(&mut link, 0..50), (0..50).collect::<Vec<_>>());
+
+    // Pod a drains: NotReady, TERMINATING, still serving.
+    cluster.stunnerd(0).signal(libc::SIGTERM);
+    assert!(
+        uturn_testkit::stunnerd::wait_until(5, || cluster
+            .status(0)
+            .is_some_and(|s| s["status"] == "TERMINATING")),
+        "{}",
+        cluster.describe()
+    );
+    assert_eq!(
+        cluster
+            .http_get(0, uturn_testkit::cluster::HEALTH_PORT, "/ready")
+            .map(|(code, _)| code),
+        Some(503)
+    );
+    cluster.move_flow(1);
+    mostly(&paced_call(&mut link, 50..150), 50..150, &cluster);
+    // Requests go through b to a, and come back through b.
+    link.request(turn_types::message::REFRESH, &|_, _| {})
+        .unwrap_or_else(|code| panic!("Refresh through b: {code}\n{}", cluster.describe()));
+    link.create_permission(peer.addr).unwrap_or_else(|code| {
+        panic!("CreatePermission through b: {code}\n{}", cluster.describe())
+    });
+    link.bind_channel(0x4000, peer.addr)
+        .unwrap_or_else(|code| panic!("ChannelBind through b: {code}\n{}", cluster.describe()));
+    assert_eq!(
+        paced_call(&mut link, 150..200),
+        (150..200).collect::<Vec<_>>(),
+        "{}",
+        cluster.describe()
+    );
+    // The peer still hears from a's relay only; b forwards for one client.
+    let senders: Vec<SocketAddr> = peer.senders().into_keys().collect();
+    assert_eq!(senders, vec![relay]);
+    let b = cluster.status(1).expect("b's status");
+    assert_eq!(
+        b["siblings"][0]["address"],
+        cluster.pod(0).ip.to_string(),
+        "{b}"
+    );
+    assert_eq!(b["siblings"][0]["forwarding_for"], 1, "{b}");
+    assert!(
+        cluster
+            .metric(
+                1,
+                "uturn_sibling_packets_total{direction=\"forwarded_out\"}"
+            )
+            .unwrap_or(0.0)
+            >= 150.0,
+        "{}",
+        cluster.describe()
+    );
+    assert_eq!(
+        cluster.metric(1, "stunner_allocations_active "),
+        Some(0.0),
+        "b made an allocation of its own"
+    );
+    // The call ends: its allocation on a goes, and a, drained, exits 0.
+    link.request(turn_types::message::REFRESH, &|m, _| {
+        m.add_attribute(&turn_types::attribute::Lifetime::new(0))
+            .unwrap();
+    })
+    .unwrap_or_else(|code| panic!("delete through b: {code}\n{}", cluster.describe()));
+    assert_eq!(
+        cluster.stunnerd(0).wait_exit_for(5.0),
+        Some(0),
+        "{}",
+        cluster.describe()
+    );
+}
+
+/// The flow moves a → b → c → a: the owner follows the newest forwarder, and the call keeps
+/// flowing when the flow comes straight back to its owner.
+#[test]
+fn a_call_follows_its_flow_from_pod_to_pod_and_back() {
+    let mut cluster = Cluster::new(3);
+    start_forwarding(&mut cluster);
+    let (mut link, peer, relay) = call(&cluster);
+    let mut next = 0;
+    for to in [1, 2, 0, 2] {
+        cluster.move_flow(to);
+        mostly(
+            &paced_call(&mut link, next..next + 50),
+            next..next + 50,
+            &cluster,
+        );
+        next += 50;
+        link.request(turn_types::message::REFRESH, &|_, _| {})
+            .unwrap_or_else(|code| panic!("Refresh via pod {to}: {code}\n{}", cluster.describe()));
+    }
+    let senders: Vec<SocketAddr> = peer.senders().into_keys().collect();
+    assert_eq!(senders, vec![relay]);
+}
+
+/// Only siblings with the key can forward: a forward from a non-sibling address or with a
+/// wrong key is dropped and counted, and a flood of misses from many source ports asks the
+/// siblings no more than the per-source query budget allows.
+#[test]
+fn forwards_need_the_key_and_a_sibling_address_and_misses_are_rate_limited() {
+    let mut cluster = Cluster::new(2);
+    start_forwarding(&mut cluster);
+    let sibling_port = 13479;
+    let forward = |key: &[u8]| {
+        let key = uturn_dataplane::proto::sibling::SiblingKey::new(key).unwrap();
+        let message = uturn_dataplane::proto::sibling::SiblingMessage {
+            kind: uturn_dataplane::proto::sibling::Kind::Forward,
+            flags: uturn_dataplane::proto::sibling::FLAG_QUERY,
+            client: "192.0.2.1:4000".parse().unwrap(),
+            origin: None,
+            listener: "udp",
+            payload: &[0x40, 0, 0, 4, 1, 2, 3, 4],
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let mut out = Vec::new();
+        uturn_dataplane::proto::sibling::encode(&key, &message, now, &mut out).unwrap();
+        out
+    };
+    let pod_a = SocketAddr::new(IpAddr::from(cluster.pod(0).ip), sibling_port);
+    // From the client's namespace (no sibling), with the right key: not a sibling.
+    cluster.in_client(|| {
+        let socket = UdpSocket::bind("0.0.0.0:0").unwrap();
+        socket
+            .send_to(&forward(SIBLING_KEY.as_bytes()), pod_a)
+            .unwrap();
+    });
+    // From pod b (a sibling), with a wrong key: unauthenticated.
+    cluster.in_pod(1, || {
+        let socket = UdpSocket::bind("0.0.0.0:0").unwrap();
+        socket
+            .send_to(&forward(b"not the gateway's key at all"), pod_a)
+            .unwrap();
+    });
+    let refused = |reason: &str| {
+        cluster
+            .metric(
+                0,
+                &format!("uturn_sibling_refused_total{{reason=\"{reason}\"}}"),
+            )
+            .unwrap_or(0.0)
+    };
+    assert!(
+        uturn_testkit::stunnerd::wait_until(5, || refused("not_sibling") >= 1.0
+            && refused("unauthenticated") >= 1.0),
+        "{}",
+        cluster.describe()
+    );
+
+    // 300 misses (ChannelData from 300 source ports nobody holds) reach pod a through the VIP:
+    // queries are limited per source IP (a burst of 20, then 10 a second).
+    let started = Instant::now();
+    cluster.in_client(|| {
+        for _ in 0..300 {
+            let socket = UdpSocket::bind("0.0.0.0:0").unwrap();
+            socket
+                .send_to(&[0x40, 0, 0, 4, 1, 2, 3, 4], cluster.vip())
+                .unwrap();
+        }
+    });
+    let queries = |outcome: &str| {
+        cluster
+            .metric(
+                0,
+                &format!("uturn_sibling_queries_total{{outcome=\"{outcome}\"}}"),
+            )
+            .unwrap_or(0.0)
+    };
+    // Every miss is counted (the counters are published every 100 ms).
+    assert!(
+        uturn_testkit::stunnerd::wait_until(5, || queries("sent") + queries("rate_limited")
+            >= 300.0),
+        "{} + {}\n{}",
+        queries("sent"),
+        queries("rate_limited"),
+        sibling_metrics(&cluster)
+    );
+    let budget = 20.0 + 10.0 * (started.elapsed().as_secs_f64() + 1.0);
+    let sent = queries("sent");
+    assert!(
+        sent >= 1.0 && sent <= budget,
+        "{sent} queries sent for 300 misses (budget {budget})\n{}",
+        cluster.describe()
+    );
+    // Nobody owns those clients: the queries went unclaimed.
+    assert!(uturn_testkit::stunnerd::wait_until(3, || cluster
+        .metric(0, "uturn_sibling_queries_total{outcome=\"miss\"}")
+        .unwrap_or(0.0)
+        >= sent));
 }
