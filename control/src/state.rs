@@ -561,6 +561,61 @@ mod tests {
         }
     }
 
+    /// Siblings follow the EndpointSlices of the gateway's own Service: ready and terminating
+    /// pods alike, not the ClusterIP, not this host's own addresses; a removed pod goes. The
+    /// Service is watched, but readiness does not wait for it.
+    #[test]
+    fn siblings_follow_the_gateways_own_service() {
+        let mut state = ControlState::new(config("[]", "r"), 1)
+            .with_siblings(Siblings::Service("stunner/udp-gateway".into()));
+        assert!(
+            state.waiting_for().is_empty(),
+            "readiness waits for siblings"
+        );
+        let svc = "stunner/udp-gateway";
+        let watch = state.services()[svc].watch;
+        let siblings = |state: &mut ControlState| -> Vec<String> {
+            let snap = state.poll_snapshot().expect("a snapshot");
+            snap.sibling_ips.iter().map(ToString::to_string).collect()
+        };
+        assert!(siblings(&mut state).is_empty());
+        state.handle_discovery(
+            svc,
+            watch,
+            ServiceChange::UpsertSlice(
+                "a".into(),
+                SliceAddresses {
+                    addresses: ["10.244.1.5", "10.244.2.7", "127.0.0.1"]
+                        .iter()
+                        .map(|s| s.parse().unwrap())
+                        .collect(),
+                    terminating: vec!["10.244.2.7".parse().unwrap()],
+                },
+            ),
+        );
+        state.handle_discovery(
+            svc,
+            watch,
+            ServiceChange::ClusterIps(vec!["10.96.0.20".parse().unwrap()]),
+        );
+        assert_eq!(siblings(&mut state), ["10.244.1.5", "10.244.2.7"]);
+        state.handle_discovery(
+            svc,
+            watch,
+            ServiceChange::UpsertSlice("a".into(), slice(&["10.244.1.5"])),
+        );
+        assert_eq!(siblings(&mut state), ["10.244.1.5"]);
+        state.handle_discovery(svc, watch, ServiceChange::RemoveSlice("a".into()));
+        assert!(siblings(&mut state).is_empty());
+        // Static siblings, this host's own address left out.
+        let mut fixed =
+            ControlState::new(config("[]", "r"), 1).with_siblings(Siblings::Static(vec![
+                "198.51.100.9".parse().unwrap(),
+                "127.0.0.1".parse().unwrap(),
+            ]));
+        assert_eq!(siblings(&mut fixed), ["198.51.100.9"]);
+    }
+
     #[test]
     fn an_address_leaves_only_when_no_slice_lists_it() {
         let mut state = ControlState::new(

@@ -1336,3 +1336,84 @@ fn watch_mode_boots_when_the_bootstrap_health_port_is_taken() {
     drop(holder);
     let _ = std::fs::remove_file(config);
 }
+
+/// Second-chance forwarding's siblings, with `--siblings k8s:<ns>/<service>`, follow the
+/// EndpointSlices of the gateway's own Service through the real kube-rs client: ready and
+/// terminating pods are siblings (a draining pod still owns its calls), a removed one goes,
+/// and `/status` lists them.
+#[test]
+fn siblings_follow_the_gateway_services_endpoint_slices() {
+    let api = FakeApiServer::start();
+    api.apply(
+        Resource::Service,
+        service("stunner", "udp-gateway", &["10.96.0.30"]),
+    );
+    api.apply(
+        Resource::EndpointSlice,
+        endpoint_slice(
+            "stunner",
+            "udp-gateway-abc",
+            "udp-gateway",
+            &[
+                ("10.244.1.5", true, true, false),
+                ("10.244.2.7", false, true, true),
+            ],
+        ),
+    );
+    let (turn, health) = (free_port(), free_port());
+    let config = temp_file("siblings.yaml");
+    std::fs::write(&config, static_config(turn, health, "s3cret", false)).unwrap();
+    let kubeconfig = api.kubeconfig(&std::env::temp_dir());
+    let sibling_port = free_port();
+    let server = Stunnerd::start(
+        &[
+            "-c",
+            &format!("file://{}", config.display()),
+            "--siblings",
+            "k8s:stunner/udp-gateway",
+            "--sibling-port",
+            &sibling_port.to_string(),
+        ],
+        &[
+            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+            ("UTURN_SIBLING_KEY", "a key of at least sixteen bytes"),
+        ],
+    );
+    let siblings = || -> Vec<String> {
+        status(health)
+            .and_then(|s| s["siblings"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|s| s["address"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert!(
+        wait_until(20, || siblings() == ["10.244.1.5", "10.244.2.7"]),
+        "{:?}\n{}",
+        status(health),
+        server.logs()
+    );
+    // The terminating pod is deleted.
+    api.apply(
+        Resource::EndpointSlice,
+        endpoint_slice(
+            "stunner",
+            "udp-gateway-abc",
+            "udp-gateway",
+            &[("10.244.1.5", true, true, false)],
+        ),
+    );
+    assert!(
+        wait_until(10, || siblings() == ["10.244.1.5"]),
+        "{:?}",
+        status(health)
+    );
+    api.delete(Resource::EndpointSlice, "stunner", "udp-gateway-abc");
+    assert!(
+        wait_until(10, || siblings().is_empty()),
+        "{:?}",
+        status(health)
+    );
+    let _ = std::fs::remove_file(config);
+    let _ = std::fs::remove_file(kubeconfig);
+}

@@ -446,3 +446,53 @@ fn forwards_need_the_key_and_a_sibling_address_and_misses_are_rate_limited() {
         .unwrap_or(0.0)
         >= sent));
 }
+
+/// TURN over TCP is not forwarded: a moved TCP flow is a new connection (the old one is reset
+/// or times out, and its allocation ends with it, RFC 6062/8656), so no sibling could continue
+/// it. With forwarding on, a TURN-TCP call relays as without it, and a request on a TCP
+/// connection with no allocation gets today's 437 at once, asking no sibling.
+#[test]
+fn turn_over_tcp_is_served_as_without_forwarding() {
+    let mut cluster = Cluster::new(2);
+    let config = cluster.static_config().replace(
+        "listeners: [",
+        &format!("listeners: [{{name: tcp, protocol: TURN-TCP, address: $STUNNER_ADDR, port: {}, routes: [media]}}, ", VIP_PORT + 1),
+    );
+    let ips: Vec<String> = cluster.pods().iter().map(|p| p.ip.to_string()).collect();
+    let siblings = format!("static:{}", ips.join(","));
+    cluster.start_pods(
+        &config,
+        &["--siblings", &siblings],
+        &[("UTURN_SIBLING_KEY", SIBLING_KEY)],
+    );
+    let peer = cluster.in_peer(|| Peer::on(&cluster.peer_ip().to_string()));
+    let pod_a = SocketAddr::new(IpAddr::from(cluster.pod(0).ip), VIP_PORT + 1);
+    let mut link = cluster.in_client(|| {
+        TurnLink::connect(uturn_perf::turncat::transport::Protocol::Tcp, pod_a)
+            .expect("a TCP connection to pod a")
+    });
+    link.allocate(false, false)
+        .unwrap_or_else(|code| panic!("allocation: {code}\n{}", cluster.describe()));
+    link.create_permission(peer.addr).unwrap();
+    link.bind_channel(0x4000, peer.addr).unwrap();
+    assert_eq!(paced_call(&mut link, 0..20), (0..20).collect::<Vec<_>>());
+    // A new connection (what a moved TCP flow is) holds no allocation anywhere: 437.
+    let pod_b = SocketAddr::new(IpAddr::from(cluster.pod(1).ip), VIP_PORT + 1);
+    let mut moved = cluster.in_client(|| {
+        TurnLink::connect(uturn_perf::turncat::transport::Protocol::Tcp, pod_b).unwrap()
+    });
+    assert_eq!(
+        moved.create_permission(peer.addr).err(),
+        Some(437),
+        "{}",
+        cluster.describe()
+    );
+    assert_eq!(
+        cluster
+            .metric(1, "uturn_sibling_queries_total{outcome=\"sent\"}")
+            .unwrap_or(0.0),
+        0.0,
+        "a TCP miss asked the siblings\n{}",
+        sibling_metrics(&cluster)
+    );
+}
