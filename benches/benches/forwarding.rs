@@ -1,0 +1,157 @@
+//! What second-chance forwarding costs a packet (`cargo bench -p uturn-benches --bench
+//! forwarding`; root, network namespaces and nftables, as `tests/second_chance.rs`): a call's
+//! ChannelData echoed by a peer, straight through pod a (the owner), then with the client's flow
+//! moved to pod b, which forwards to a and returns a's answers. Reports the round-trip time
+//! (median, p90, p99 of sequential pings) and the CPU both gateway pods spent per relayed
+//! packet (`/proc/<pid>/task/*/schedstat`, every thread) at a fixed rate, for each path, in one
+//! run. Bounded: `PINGS` round trips and `RATE` × `SECONDS` paced packets per path. It runs
+//! the release `stunnerd`: `cargo build --release -p uturn-stunnerd` first.
+
+use std::net::UdpSocket;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+use uturn_perf::client::{channel_data_header, BenchClient, Link};
+use uturn_testkit::cluster::Cluster;
+use uturn_testkit::link::LINK_CREDS;
+use uturn_testkit::peers::Peer;
+
+const PINGS: usize = 500;
+const RATE: u32 = 500;
+const SECONDS: u32 = 4;
+const PAYLOAD: usize = 160;
+
+/// CPU time (ns) every thread of process `pid` has run.
+fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| t.ok())
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn frame() -> Vec<u8> {
+    let mut frame = channel_data_header(0x4000, PAYLOAD).to_vec();
+    frame.extend_from_slice(&[0x5a; PAYLOAD]);
+    frame
+}
+
+/// Sequential ChannelData round trips: their times, sorted.
+fn pings(socket: &UdpSocket) -> Vec<Duration> {
+    let frame = frame();
+    let mut buf = [0u8; 2048];
+    socket
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut times = Vec::with_capacity(PINGS);
+    for _ in 0..PINGS {
+        let sent = Instant::now();
+        socket.send(&frame).unwrap();
+        if socket.recv(&mut buf).is_ok() {
+            times.push(sent.elapsed());
+        }
+    }
+    times.sort();
+    times
+}
+
+/// `RATE` ChannelData a second for `SECONDS`: CPU ns of pods a and b per echoed packet (two
+/// relayed datagrams each), and the share echoed.
+fn paced(cluster: &mut Cluster, socket: &UdpSocket) -> (f64, f64) {
+    let frame = frame();
+    let pids = [cluster.stunnerd(0).pid(), cluster.stunnerd(1).pid()];
+    let before: u64 = pids.iter().map(|&p| cpu_ns(p)).sum();
+    socket.set_nonblocking(true).unwrap();
+    let total = RATE * SECONDS;
+    let mut echoed = 0usize;
+    let mut buf = [0u8; 2048];
+    let start = Instant::now();
+    let mut receive = |echoed: &mut usize| {
+        while socket.recv(&mut buf).is_ok() {
+            *echoed += 1;
+        }
+    };
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(f64::from(i) / f64::from(RATE));
+        while Instant::now() < due {
+            receive(&mut echoed);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let _ = socket.send(&frame);
+    }
+    let end = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < end {
+        receive(&mut echoed);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    socket.set_nonblocking(false).unwrap();
+    let after: u64 = pids.iter().map(|&p| cpu_ns(p)).sum();
+    (
+        (after - before) as f64 / echoed.max(1) as f64,
+        echoed as f64 / f64::from(total),
+    )
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let mut cluster = Cluster::new(2);
+    let config = cluster.static_config();
+    let siblings = format!("static:{},{}", cluster.pod(0).ip, cluster.pod(1).ip);
+    cluster.start_pods(
+        &config,
+        &["--siblings", &siblings],
+        &[("UTURN_SIBLING_KEY", "0123456789abcdef0123456789abcdef")],
+    );
+    let peer = cluster.in_peer(|| Peer::on(&cluster.peer_ip().to_string()));
+    let client_ip = IpAddr::from(cluster.client_ip());
+    let mut client = cluster.in_client(|| {
+        BenchClient::allocate_from(
+            cluster.vip(),
+            Some(client_ip),
+            LINK_CREDS.0,
+            LINK_CREDS.1,
+            false,
+        )
+        .expect("an allocation through the VIP")
+    });
+    let relay = client.relay;
+    assert_eq!(relay.ip(), IpAddr::from(cluster.pod(0).ip));
+    client.create_permission(peer.addr).expect("a permission");
+    client.bind_channel(0x4000, peer.addr).expect("a channel");
+    let Link::Udp(socket) = &client.socket else {
+        unreachable!("a UDP client");
+    };
+    println!(
+        "second-chance forwarding, {PAYLOAD}-byte ChannelData echoed by a peer; {PINGS} \
+         sequential round trips, then {RATE}/s for {SECONDS} s, per path"
+    );
+    for (path, to) in [("straight (pod a)", 0), ("forwarded (b → a → b)", 1)] {
+        if to != cluster.target() {
+            cluster.move_flow(to);
+            // The query and its claim.
+            let _ = pings(socket);
+        }
+        let times = pings(socket);
+        let (cpu, echoed) = paced(&mut cluster, socket);
+        println!(
+            "{path:24} rtt median {:>7.1} µs  p90 {:>7.1} µs  p99 {:>7.1} µs  ({} of {PINGS}) | \
+             gateway CPU {:>6.2} µs per echoed packet, {:.1} % echoed",
+            percentile(&times, 0.5).as_secs_f64() * 1e6,
+            percentile(&times, 0.9).as_secs_f64() * 1e6,
+            percentile(&times, 0.99).as_secs_f64() * 1e6,
+            times.len(),
+            cpu / 1000.0,
+            echoed * 100.0
+        );
+    }
+    let senders: Vec<SocketAddr> = peer.senders().into_keys().collect();
+    assert_eq!(senders, vec![relay], "the peer heard another relay");
+}
