@@ -46,6 +46,9 @@ pub enum Kind {
     /// Owner → forwarder: "the client's allocation is here" (no payload), the answer to a
     /// [`FLAG_QUERY`] forward.
     Claim = 3,
+    /// Former owner → forwarder: "the client's allocation is not here (any more)" (no
+    /// payload), the answer to a forward that is no query: the forwarder stops forwarding.
+    Gone = 4,
 }
 
 impl Kind {
@@ -54,6 +57,7 @@ impl Kind {
             1 => Some(Kind::Forward),
             2 => Some(Kind::Return),
             3 => Some(Kind::Claim),
+            4 => Some(Kind::Gone),
             _ => None,
         }
     }

@@ -347,6 +347,20 @@ fn a_call_follows_its_flow_from_pod_to_pod_and_back() {
     }
     let senders: Vec<SocketAddr> = peer.senders().into_keys().collect();
     assert_eq!(senders, vec![relay]);
+    // The call ends through its current forwarder; what the client sends next gets today's
+    // answer from that pod (the owner says the allocation is gone): 437.
+    link.request(turn_types::message::REFRESH, &|m, _| {
+        m.add_attribute(&turn_types::attribute::Lifetime::new(0))
+            .unwrap();
+    })
+    .unwrap_or_else(|code| panic!("delete: {code}\n{}", cluster.describe()));
+    assert_eq!(
+        link.create_permission(peer.addr).err(),
+        Some(437),
+        "{}\n{}",
+        cluster.describe(),
+        sibling_metrics(&cluster)
+    );
 }
 
 /// Only siblings with the key can forward: a forward from a non-sibling address or with a

@@ -11,7 +11,8 @@
 //! query on to its pod's other shards (with the forwarder as its origin); the shard that holds
 //! it answers a [`Kind::Claim`] and, like every answer, a [`Kind::Return`] to the forwarder,
 //! which remembers the owner. A query nobody claims within [`QUERY_WAIT`] makes the client
-//! "nobody's" for [`NOBODY_FOR`]: its datagrams then get today's answer (437, or a drop).
+//! "nobody's" for [`NOBODY_FOR`]: its datagrams then get today's answer (437, or a drop); so
+//! does a [`Kind::Gone`] from an owner whose allocation ended.
 //! Queries are limited per client source IP; forwards to a known owner are not (they are the
 //! call's media). Every message is authenticated ([`crate::proto::sibling`]) and must come
 //! from a sibling's address (or, handed on inside the pod, from loopback).
@@ -320,6 +321,15 @@ impl<D: Driver> Shard<D> {
                     );
                 }
             }
+            Kind::Gone => {
+                let link = self.siblings.as_mut().expect("checked above");
+                if link.owners.get(&client).is_some_and(|o| o.addr == from) {
+                    link.owners.remove(&client);
+                    if link.nobody.len() < MAX_CLIENTS {
+                        link.nobody.insert(client, now + NOBODY_FOR);
+                    }
+                }
+            }
             Kind::Return => {
                 let Some(socket) = self
                     .listeners
@@ -342,9 +352,22 @@ impl<D: Driver> Shard<D> {
                     self.owner_forwarded(now, &snap, id, reply_to, &message);
                     return;
                 }
-                // A query reaches every pod's first shard: that shard asks the pod's others.
                 let link = self.siblings.as_mut().expect("checked above");
-                if message.flags & FLAG_QUERY != 0 && message.origin.is_none() && link.index == 0 {
+                if message.flags & FLAG_QUERY == 0 {
+                    // The forwarder thinks we own the client, which we no longer do (the call
+                    // ended, or its allocation expired): it must stop, and answer as today.
+                    let gone = SiblingMessage {
+                        kind: Kind::Gone,
+                        flags: 0,
+                        payload: &[],
+                        origin: None,
+                        ..message.clone()
+                    };
+                    link.send(reply_to, &gone);
+                    return;
+                }
+                // A query reaches every pod's first shard: that shard asks the pod's others.
+                if message.origin.is_none() && link.index == 0 {
                     let handed_on = SiblingMessage {
                         origin: Some(from),
                         ..message.clone()
