@@ -668,13 +668,10 @@ impl<D: Driver> Shard<D> {
                 payload,
                 cluster,
             } => {
-                let snap: &Snapshot = self.snapshots.serving();
-                let (relays, counters, datagrams) =
-                    (&self.relays, &mut self.counters, &mut self.datagrams);
                 relay_to_peer(
-                    relays,
-                    counters,
-                    datagrams,
+                    &self.relays,
+                    &mut self.counters,
+                    &mut self.datagrams,
                     snap,
                     relay,
                     peer,
@@ -763,7 +760,7 @@ impl<D: Driver> Shard<D> {
             &mut self.out,
         );
         let snap = self.snapshots.serving_arc();
-        self.act(now, &snap, id, from, data, action)
+        self.act(now, &snap, data, action)
     }
 
     /// Queues `payload` for `peer` on `relay`'s socket, counted under `cluster`.

@@ -410,7 +410,7 @@ impl<D: Driver> Shard<D> {
             reply_to,
         );
         let name = listener.spec.name.clone();
-        let reply = self.act(now, snap, id, message.client, message.payload, action);
+        let reply = self.act(now, snap, message.payload, action);
         let Some(link) = self.siblings.as_mut() else {
             return;
         };
@@ -471,12 +471,9 @@ impl<D: Driver> Shard<D> {
         &mut self,
         now: Instant,
         snap: &Snapshot,
-        id: ListenerId,
-        from: SocketAddr,
         data: &[u8],
         action: ClientAction,
     ) -> Option<usize> {
-        let _ = (now, id, from);
         match action {
             ClientAction::Drop(_) | ClientAction::Miss => None,
             ClientAction::Reply(n) => Some(n),
