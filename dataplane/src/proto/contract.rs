@@ -198,9 +198,9 @@ pub enum PeerAction {
         cluster: ClusterId,
         /// Payload bytes received from the peer.
         payload_len: usize,
-        /// The sibling the client's flow reaches us through: send the bytes back through it
-        /// instead of from the listener (second-chance forwarding).
-        via: Option<SocketAddr>,
+        /// The client's flow reaches us through a sibling pod: send the bytes back through it
+        /// ([`super::Engine::via`]) instead of from the listener (second-chance forwarding).
+        forwarded: bool,
     },
 }
 

@@ -267,7 +267,7 @@ impl Engine {
             via: Some(via),
             forward_misses: false,
         };
-        self.handle_arrival(now, snap, listener, from, data, out, arrival)
+        self.handle_arrival_out_of_line(now, snap, listener, from, data, out, arrival)
     }
 
     /// [`Engine::handle_client`] answering a miss as without forwarding (437, or a counted
@@ -285,7 +285,30 @@ impl Engine {
             via: None,
             forward_misses: false,
         };
+        self.handle_arrival_out_of_line(now, snap, listener, from, data, out, arrival)
+    }
+
+    /// [`Engine::handle_arrival`] for the rare arrivals (forwarded, or a miss answered
+    /// locally), out of line so that the per-packet path is the only inlined copy.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)] // handle_client's, and how the datagram arrived
+    fn handle_arrival_out_of_line(
+        &mut self,
+        now: Instant,
+        snap: &Snapshot,
+        listener: ListenerRef<'_>,
+        from: SocketAddr,
+        data: &[u8],
+        out: &mut [u8],
+        arrival: Arrival,
+    ) -> ClientAction {
         self.handle_arrival(now, snap, listener, from, data, out, arrival)
+    }
+
+    /// The sibling pod the client of relay `relay`'s allocation reaches us through, if it
+    /// does ([`PeerAction::ToClient::forwarded`]).
+    pub fn via(&self, relay: RelayId) -> Option<SocketAddr> {
+        self.allocations.get(relay.slot())?.via
     }
 
     /// Whether this shard holds an allocation for `client` on `listener`.

@@ -45,11 +45,21 @@ impl Arrival {
         }
     }
 
-    /// The allocation follows the newest path of its client.
-    #[inline]
+    /// The allocation follows the newest path of its client. Straight from the client (the
+    /// per-packet case) this is one test of a flag that is almost always clear.
+    #[inline(always)]
     pub(super) fn follow(self, alloc: &mut Allocation) {
-        if alloc.via != self.via {
-            alloc.via = self.via;
+        match self.via {
+            None => {
+                if alloc.via.is_some() {
+                    alloc.via = None;
+                }
+            }
+            Some(via) => {
+                if alloc.via != Some(via) {
+                    alloc.via = Some(via);
+                }
+            }
         }
     }
 }
@@ -169,7 +179,7 @@ pub(super) fn peer_datagram(
     let peer = SocketAddr::new(unmapped_ip(peer.ip()), peer.port());
     let listener = alloc.key.listener;
     let client = alloc.key.client;
-    let via = alloc.via;
+    let forwarded = alloc.via.is_some();
     if len > usize::from(u16::MAX) || buf.len() < PEER_HEADROOM + len {
         return PeerAction::Drop(stats.count_drop(DropReason::Malformed));
     }
@@ -185,7 +195,7 @@ pub(super) fn peer_datagram(
         buf[..2].copy_from_slice(&channel.number.to_be_bytes());
         buf[2..4].copy_from_slice(&(len as u16).to_be_bytes());
         return PeerAction::ToClient {
-            via,
+            forwarded,
             listener,
             client,
             bytes: Bytes::Input(0..PEER_HEADROOM + len),
@@ -203,7 +213,7 @@ pub(super) fn peer_datagram(
     let txid = TransactionId::from(indication_txids.gen::<u128>() >> 32);
     match wire::data_indication(txid, peer, &buf[PEER_HEADROOM..PEER_HEADROOM + len], out) {
         Some(n) => PeerAction::ToClient {
-            via,
+            forwarded,
             listener,
             client,
             bytes: Bytes::Output(n),

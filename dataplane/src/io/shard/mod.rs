@@ -802,14 +802,14 @@ impl<D: Driver> Shard<D> {
             bytes,
             cluster,
             payload_len,
-            via,
+            forwarded,
         } = self
             .engine
             .handle_peer(now, snap, relay, peer, buf, &mut self.out)
         else {
             return;
         };
-        if let Some(via) = via {
+        if let Some(via) = forwarded.then(|| self.engine.via(relay)).flatten() {
             // The client reaches us through a sibling now: back through it.
             let counters = &mut self.counters;
             if let Some(slot) = counters.cluster(snap, cluster) {
