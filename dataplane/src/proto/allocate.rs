@@ -238,6 +238,7 @@ impl PendingAllocate {
             permissions: Vec::new(),
             channels: Vec::new(),
             via: None,
+            forwarded: false,
         }
     }
 }

@@ -51,14 +51,14 @@ impl Arrival {
     pub(super) fn follow(self, alloc: &mut Allocation) {
         match self.via {
             None => {
-                if alloc.via.is_some() {
+                if alloc.forwarded {
+                    alloc.forwarded = false;
                     alloc.via = None;
                 }
             }
             Some(via) => {
-                if alloc.via != Some(via) {
-                    alloc.via = Some(via);
-                }
+                alloc.forwarded = true;
+                alloc.via = Some(via);
             }
         }
     }
@@ -179,7 +179,7 @@ pub(super) fn peer_datagram(
     let peer = SocketAddr::new(unmapped_ip(peer.ip()), peer.port());
     let listener = alloc.key.listener;
     let client = alloc.key.client;
-    let forwarded = alloc.via.is_some();
+    let forwarded = alloc.forwarded;
     if len > usize::from(u16::MAX) || buf.len() < PEER_HEADROOM + len {
         return PeerAction::Drop(stats.count_drop(DropReason::Malformed));
     }

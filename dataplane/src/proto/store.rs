@@ -182,6 +182,8 @@ pub(super) struct Allocation {
     /// newest path wins: a datagram straight from the client, or through another sibling,
     /// replaces it.
     pub(super) via: Option<SocketAddr>,
+    /// `via.is_some()`, kept beside the fields every datagram reads: the per-packet test.
+    pub(super) forwarded: bool,
 }
 
 impl Allocation {
