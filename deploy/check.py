@@ -92,6 +92,25 @@ def check_offload(label, docs, base_docs):
     check(undo(docs) == undo(base_docs), f"{label}: otherwise the base unchanged")
 
 
+def check_siblings(label, docs, container):
+    """Second-chance forwarding: on, its key from a Secret, its port declared and open only to
+    the gateway's own pods."""
+    args = [str(a) for a in container.get("args", [])]
+    check(any(a.startswith("--siblings") for a in args), f"{label}: --siblings is on")
+    env = {e["name"]: e for e in container.get("env", [])}
+    key = env.get("UTURN_SIBLING_KEY", {}).get("valueFrom", {}).get("secretKeyRef", {})
+    check(bool(key.get("name")), f"{label}: the sibling key comes from a Secret")
+    ports = {(p["containerPort"], p["protocol"]) for p in container.get("ports", [])}
+    check((13479, "UDP") in ports, f"{label}: the container declares sibling port 13479/UDP")
+    policies = find(docs, "NetworkPolicy")
+    only_siblings = any(
+        any(p.get("protocol") == "UDP" and p.get("port") == 13479
+            for p in rule.get("ports", []))
+        and all("podSelector" in peer for peer in rule.get("from", [{}]))
+        for policy in policies for rule in policy["spec"].get("ingress", []))
+    check(only_siblings, f"{label}: a NetworkPolicy opens the sibling ports to the gateway's pods only")
+
+
 def check_overlay(directory, stunnerd, validate, base_docs):
     label = os.path.relpath(directory, os.path.dirname(HERE))
     text, docs = render(directory)
@@ -149,6 +168,8 @@ def check_overlay(directory, stunnerd, validate, base_docs):
     for arg in container.get("args", []):
         if str(arg).startswith("--"):
             check(arg.split("=")[0] in help_text, f"{label}: stunnerd knows {arg.split('=')[0]}")
+    if os.path.basename(directory) == "siblings":
+        check_siblings(label, docs, container)
     if os.path.basename(directory) == "offload":
         check_offload(label, docs, base_docs)
     else:
