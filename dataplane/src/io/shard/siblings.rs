@@ -95,6 +95,8 @@ type ClientOf = (ListenerId, SocketAddr);
 /// A shard's sibling socket and what it knows of its clients' owners.
 pub(super) struct SiblingLink<W> {
     socket: Watched<W>,
+    /// Its address: `[::]` (dual-stack) where the host has IPv6, else `0.0.0.0`.
+    local: SocketAddr,
     key: SiblingKey,
     base: u16,
     index: usize,
@@ -126,9 +128,14 @@ impl<W> SiblingLink<W> {
         let port = u16::try_from(usize::from(setup.port) + index)
             .map_err(|_| io::Error::other("sibling port beyond 65535"))?;
         let socket = listener_socket(None, port)?;
+        let local = socket
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::other("the sibling socket has no IP address"))?;
         let socket = driver.watch(socket, Token::Sibling, Interest::Datagrams)?;
         Ok(SiblingLink {
             socket,
+            local,
             key: setup.key.clone(),
             base: setup.port,
             index,
@@ -147,7 +154,7 @@ impl<W> SiblingLink<W> {
             return false;
         }
         matches!(
-            try_send_to(self.socket.fd, &self.message, for_socket_any(to)),
+            try_send_to(self.socket.fd, &self.message, for_socket(self.local, to)),
             Ok(Some(_))
         )
     }
@@ -185,11 +192,6 @@ impl<W> SiblingLink<W> {
         }
         counts
     }
-}
-
-/// A dual-stack socket reaches an IPv4 address through its mapped form.
-fn for_socket_any(to: SocketAddr) -> SocketAddr {
-    for_socket("[::]:0".parse().expect("an address"), to)
 }
 
 /// What to do with a client datagram that missed.
