@@ -13,8 +13,8 @@
 //! which remembers the owner. A query nobody claims within [`QUERY_WAIT`] makes the client
 //! "nobody's" for [`NOBODY_FOR`]: its datagrams then get today's answer (437, or a drop); so
 //! does a [`Kind::Gone`] from an owner whose allocation ended.
-//! Queries are limited per client source IP; forwards to a known owner are not (they are the
-//! call's media). Every message is authenticated ([`crate::proto::sibling`]) and must come
+//! Queries are limited per client source IP and per shard over all sources; forwards to a
+//! known owner are not (they are the call's media). Every message is authenticated ([`crate::proto::sibling`]) and must come
 //! from a sibling's address (or, handed on inside the pod, from loopback).
 
 use super::{Driver, Shard};
@@ -42,6 +42,11 @@ const MAX_CLIENTS: usize = 1 << 16;
 /// Queries one client source IP may make at once, and per second after that.
 const QUERY_BURST: u32 = 20;
 const QUERY_RATE: u32 = 10;
+/// Queries a shard makes at once and per second over all sources: misses spoofed from many
+/// source addresses (each with a bucket of its own) send no more than this to the siblings,
+/// while a load balancer moving a thousand calls at once still finds their owners at once.
+const QUERY_BURST_ALL: u32 = 1000;
+const QUERY_RATE_ALL: u32 = 500;
 
 /// What the dataplane is told about its siblings at start (their addresses come and go with
 /// the snapshot).
@@ -105,6 +110,8 @@ pub(super) struct SiblingLink<W> {
     nobody: HashMap<ClientOf, Instant, RandomState>,
     pending: HashMap<ClientOf, Instant, RandomState>,
     queries: ChallengeLimiter,
+    /// The shard's budget over all sources (one bucket).
+    queries_all: ChallengeLimiter,
     message: Vec<u8>,
     pub(super) counts: SiblingCounts,
 }
@@ -144,6 +151,7 @@ impl<W> SiblingLink<W> {
             nobody: HashMap::with_hasher(RandomState::default()),
             pending: HashMap::with_hasher(RandomState::default()),
             queries: ChallengeLimiter::new(QUERY_RATE, QUERY_BURST, now),
+            queries_all: ChallengeLimiter::new(QUERY_RATE_ALL, QUERY_BURST_ALL, now),
             message: Vec::with_capacity(2048),
             counts: SiblingCounts::default(),
         })
@@ -241,7 +249,11 @@ impl<D: Driver> Shard<D> {
             // A query is out: the owner will be known in a moment.
             return MissVerdict::Forwarded;
         }
-        if link.pending.len() >= MAX_CLIENTS || !link.queries.allow(from.ip(), now) {
+        let all = IpAddr::from([0, 0, 0, 0]);
+        if link.pending.len() >= MAX_CLIENTS
+            || !link.queries.allow(from.ip(), now)
+            || !link.queries_all.allow(all, now)
+        {
             link.counts.rate_limited += 1;
             return MissVerdict::Local;
         }
