@@ -163,6 +163,14 @@ fn sum_by_name(
     totals
 }
 
+/// Adds `n` to `key`'s count in `counts` (a short list, kept in first-seen order).
+pub fn add_count<K: PartialEq>(counts: &mut Vec<(K, u64)>, key: K, n: u64) {
+    match counts.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, sum)) => *sum += n,
+        None => counts.push((key, n)),
+    }
+}
+
 /// Records the dataplane's metrics, summed over `shards`, into `recorder` for a scrape: stunnerd's
 /// names, types, labels and HELP text (stunnerd.md §7), then uturn's own. Called at scrape time
 /// only; the packet path counts into its shard's plain integers and never reaches `metrics`.

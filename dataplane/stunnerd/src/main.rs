@@ -13,6 +13,7 @@ use uturn_control::kubernetes::KubeOptions;
 use uturn_control::origin::{load_once, ConfigOrigin};
 use uturn_control::{Control, ControlConfig, Source};
 use uturn_dataplane::io::check::{check_config, check_tls_material, SharedPorts};
+use uturn_dataplane::io::metrics::add_count;
 use uturn_dataplane::io::offload::{self, OffloadMode};
 use uturn_dataplane::io::{
     select_backend, usable_cpus, BackendChoice, Dataplane, DataplaneConfig, IoBackend,
@@ -650,10 +651,7 @@ fn main() -> ExitCode {
                     continue;
                 };
                 for (name, n) in &report.listener_allocations {
-                    match total.iter_mut().find(|(t, _)| t == name) {
-                        Some((_, sum)) => *sum += n,
-                        None => total.push((name.clone(), *n)),
-                    }
+                    add_count(&mut total, name.clone(), *n);
                 }
             }
             total
@@ -712,10 +710,7 @@ fn main() -> ExitCode {
                             continue;
                         };
                         for &(ip, n) in report.siblings.iter().flat_map(|(_, owners)| owners) {
-                            match forwarding_for.iter_mut().find(|(i, _)| *i == ip) {
-                                Some((_, sum)) => *sum += n,
-                                None => forwarding_for.push((ip, n)),
-                            }
+                            add_count(&mut forwarding_for, ip, n);
                         }
                     }
                     let siblings: Vec<serde_json::Value> = status_snapshot

@@ -286,6 +286,20 @@ fn with_forwarding_a_moved_call_keeps_flowing_until_it_ends() {
         "{}",
         cluster.describe()
     );
+    // Send and Data indications too, to a peer port with no channel (the owner builds the
+    // Data indication, b returns it).
+    let other = cluster.in_peer(|| Peer::on(&cluster.peer_ip().to_string()));
+    link.data.clear();
+    link.send_indication(other.addr, b"indicated");
+    link.drain(0.5);
+    assert!(
+        link.data
+            .iter()
+            .any(|(from, payload)| *from == Some(other.addr) && payload == b"indicated"),
+        "{:?}\n{}",
+        link.data,
+        cluster.describe()
+    );
     // The peer still hears from a's relay only; b forwards for one client.
     let senders: Vec<SocketAddr> = peer.senders().into_keys().collect();
     assert_eq!(senders, vec![relay]);

@@ -809,24 +809,25 @@ impl<D: Driver> Shard<D> {
         else {
             return;
         };
-        if let Some(via) = forwarded.then(|| self.engine.via(relay)).flatten() {
-            // The client reaches us through a sibling now: back through it.
-            let counters = &mut self.counters;
-            if let Some(slot) = counters.cluster(snap, cluster) {
-                counters.clusters.traffic[slot].rx(payload_len);
-            }
-            counters.relayed_to_client += 1;
-            let data = match bytes {
-                Bytes::Input(range) => buf[range].to_vec(),
-                Bytes::Output(n) => self.out[..n].to_vec(),
-            };
-            self.return_through(via, listener, client, &data);
-            return;
-        }
         let counters = &mut self.counters;
         if let Some(slot) = counters.cluster(snap, cluster) {
             counters.clusters.traffic[slot].rx(payload_len);
         }
+        if let Some(via) = forwarded.then(|| self.engine.via(relay)).flatten() {
+            // The client reaches us through a sibling now: back through it.
+            self.counters.relayed_to_client += 1;
+            match bytes {
+                Bytes::Input(range) => self.return_through(via, listener, client, &buf[range]),
+                Bytes::Output(n) => {
+                    // Lent out (no copy) while the shard is borrowed to send it.
+                    let out = std::mem::take(&mut self.out);
+                    self.return_through(via, listener, client, &out[..n]);
+                    self.out = out;
+                }
+            }
+            return;
+        }
+        let counters = &mut self.counters;
         let Some(running) = self.listeners.get_mut(listener) else {
             return;
         };

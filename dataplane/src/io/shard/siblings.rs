@@ -192,11 +192,7 @@ impl<W> SiblingLink<W> {
     pub(super) fn forwarding_for(&self) -> Vec<(IpAddr, u64)> {
         let mut counts: Vec<(IpAddr, u64)> = Vec::new();
         for owner in self.owners.values() {
-            let ip = owner.addr.ip();
-            match counts.iter_mut().find(|(i, _)| *i == ip) {
-                Some((_, n)) => *n += 1,
-                None => counts.push((ip, 1)),
-            }
+            crate::io::metrics::add_count(&mut counts, owner.addr.ip(), 1);
         }
         counts
     }
@@ -423,11 +419,12 @@ impl<D: Driver> Shard<D> {
             &mut self.out,
             reply_to,
         );
-        let name = listener.spec.name.clone();
         let reply = self.act(now, snap, message.payload, action);
-        let Some(link) = self.siblings.as_mut() else {
+        // Fields apart: the listener's name, the link and the reply are borrowed together.
+        let (Some(link), Some(listener)) = (self.siblings.as_mut(), self.listeners.get(id)) else {
             return;
         };
+        let name = &listener.spec.name;
         link.counts.forwarded_in += 1;
         if message.flags & FLAG_QUERY != 0 {
             let claim = SiblingMessage {
@@ -435,7 +432,7 @@ impl<D: Driver> Shard<D> {
                 flags: 0,
                 client: message.client,
                 origin: None,
-                listener: &name,
+                listener: name,
                 payload: &[],
             };
             link.send(reply_to, &claim);
@@ -446,7 +443,7 @@ impl<D: Driver> Shard<D> {
                 flags: 0,
                 client: message.client,
                 origin: None,
-                listener: &name,
+                listener: name,
                 payload: &self.out[..n],
             };
             if link.send(reply_to, &answer) {
