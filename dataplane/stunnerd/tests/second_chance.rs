@@ -437,8 +437,12 @@ fn forwards_need_the_key_and_a_sibling_address_and_misses_are_rate_limited() {
     // queries are limited per source IP (a burst of 20, then 10 a second).
     let started = Instant::now();
     cluster.in_client(|| {
-        for _ in 0..300 {
-            let socket = UdpSocket::bind("0.0.0.0:0").unwrap();
+        // Held until all are sent: a closed socket's port may come back, and one 5-tuple
+        // with a query in flight asks nothing more.
+        let sockets: Vec<UdpSocket> = (0..300)
+            .map(|_| UdpSocket::bind("0.0.0.0:0").unwrap())
+            .collect();
+        for socket in &sockets {
             socket
                 .send_to(&[0x40, 0, 0, 4, 1, 2, 3, 4], cluster.vip())
                 .unwrap();
