@@ -681,7 +681,9 @@ impl Harness {
                 );
                 let msg = Message::from_bytes(data).expect("Allocate parsed");
                 assert_eq!(msg.method(), ALLOCATE);
-                let dual = msg.has_attribute(AdditionalAddressFamily::TYPE);
+                // RFC 8656's code, or the draft code coturn's clients send (0x8032).
+                let dual = msg.has_attribute(AdditionalAddressFamily::TYPE)
+                    || msg.has_attribute(AttributeType::new(0x8032));
                 if let Some(additional) = req.additional {
                     assert!(dual, "an additional relay not asked for");
                     assert_eq!(

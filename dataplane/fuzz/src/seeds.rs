@@ -441,6 +441,18 @@ fn engine_session() -> Vec<(String, Vec<u8>)> {
             )
             .done(),
     );
+    // coturn's clients (`turnutils_uclient -Z`) send ADDITIONAL-ADDRESS-FAMILY under the draft
+    // code 0x8032, which the engine reads too.
+    let draft6 = (0x8032, &[2u8, 0, 0, 0][..]);
+    add(
+        "dual_allocation_draft_code",
+        Session::new(0)
+            .auth(1, M_ALLOCATE, 150, 0, 0, &[UDP, draft6])
+            .auth(1, M_PERMISSION, 151, 0, bit(5), &[])
+            .send(1, 5, 152, b"to the IPv6 peer")
+            .peer(3, 5, b"back from IPv6")
+            .done(),
+    );
     add(
         "dual_allocate_errors",
         Session::new(0)
