@@ -7,6 +7,11 @@ use metrics::{
     Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString, Unit,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+use metrics_util::MetricKindMask;
+use std::time::Duration;
+
+/// A gauge not set for this long is dropped from the page at the next scrape.
+const GAUGE_IDLE: Duration = Duration::from_secs(1);
 
 /// One metrics page. Each has a recorder of its own, not the process-global one, so two
 /// control planes in one process never see each other's metrics.
@@ -18,7 +23,14 @@ impl MetricsPage {
     /// A page with nothing recorded yet.
     pub(crate) fn new() -> MetricsPage {
         MetricsPage {
-            recorder: ExactLabels(PrometheusBuilder::new().build_recorder()),
+            // Every scrape sets each gauge that still exists (a listener's, a certificate's);
+            // one no scrape set again (its listener is gone) leaves the page instead of
+            // showing its last value for good.
+            recorder: ExactLabels(
+                PrometheusBuilder::new()
+                    .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE))
+                    .build_recorder(),
+            ),
         }
     }
 

@@ -6,6 +6,7 @@
 //! `arc_swap::Cache`; nothing is locked or shared per packet.
 
 pub mod admission;
+pub mod certificates;
 pub mod check;
 mod driver;
 mod dtls;

@@ -122,10 +122,32 @@ pub fn server_config_from_pem(
     Ok(Arc::new(config))
 }
 
+/// When the first certificate of `cert_base64` (a listener's base64 PEM chain: the leaf
+/// first) stops being valid, in seconds since the Unix epoch; `None` if it does not parse.
+pub fn certificate_expiry(cert_base64: &str) -> Option<i64> {
+    let pem = decode_pem(cert_base64).ok()?;
+    let cert = openssl::x509::X509::from_pem(&pem).ok()?;
+    let epoch = openssl::asn1::Asn1Time::from_unix(0).ok()?;
+    let since = epoch.diff(cert.not_after()).ok()?;
+    Some(i64::from(since.days) * 86_400 + i64::from(since.secs))
+}
+
 /// A fresh self-signed certificate and key for `host` (an IP address or DNS name), as PEM:
 /// ECDSA P-256, valid for a year. stunnerd generates RSA-4096 for a TURN URI config; P-256 is
 /// as widely accepted by TLS and DTLS clients and takes milliseconds instead of seconds.
 pub fn self_signed(host: &str) -> Result<(String, String), String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    self_signed_between(host, now, now + 365 * 86_400)
+}
+
+/// [`self_signed`], valid from `not_before` until `not_after` (seconds since the Unix epoch).
+pub fn self_signed_between(
+    host: &str,
+    not_before: i64,
+    not_after: i64,
+) -> Result<(String, String), String> {
     use openssl::asn1::Asn1Time;
     use openssl::bn::{BigNum, MsbOption};
     use openssl::ec::{EcGroup, EcKey};
@@ -149,7 +171,10 @@ pub fn self_signed(host: &str) -> Result<(String, String), String> {
         cert.set_subject_name(&name)?;
         cert.set_issuer_name(&name)?;
         cert.set_pubkey(&key)?;
-        let (from, until) = (Asn1Time::days_from_now(0)?, Asn1Time::days_from_now(365)?);
+        let (from, until) = (
+            Asn1Time::from_unix(not_before as libc::time_t)?,
+            Asn1Time::from_unix(not_after as libc::time_t)?,
+        );
         cert.set_not_before(&from)?;
         cert.set_not_after(&until)?;
         let mut san = SubjectAlternativeName::new();
@@ -173,6 +198,14 @@ pub fn self_signed(host: &str) -> Result<(String, String), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_certificates_expiry_is_its_not_after() {
+        let (cert, _) = self_signed_between("127.0.0.1", 1_700_000_000, 1_800_000_123).unwrap();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(cert);
+        assert_eq!(certificate_expiry(&b64), Some(1_800_000_123));
+        assert_eq!(certificate_expiry("bm90IGEgY2VydA=="), None);
+    }
 
     #[test]
     fn a_self_signed_certificate_serves_tls_and_dtls() {

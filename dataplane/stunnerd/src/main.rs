@@ -12,6 +12,7 @@ use uturn_control::cds::CdsTarget;
 use uturn_control::kubernetes::KubeOptions;
 use uturn_control::origin::{load_once, ConfigOrigin};
 use uturn_control::{Control, ControlConfig, Source};
+use uturn_dataplane::io::certificates::CertificateExpiry;
 use uturn_dataplane::io::check::{check_config, check_tls_material, SharedPorts};
 use uturn_dataplane::io::metrics::add_count;
 use uturn_dataplane::io::offload::{self, OffloadMode};
@@ -620,6 +621,8 @@ fn main() -> ExitCode {
     };
     let stats = dataplane.stats_handle();
     let scrape_stats = dataplane.stats_handle();
+    let certificates = Arc::new(CertificateExpiry::new());
+    let (applied_certificates, scraped_certificates) = (certificates.clone(), certificates);
     let status_stats = dataplane.stats_handle();
     let session_stats = dataplane.stats_handle();
     let follow_loglevel = cli_log.is_none();
@@ -659,6 +662,10 @@ fn main() -> ExitCode {
         siblings: siblings.map(|(siblings, _)| siblings).unwrap_or_default(),
         rewrite: Box::new(rewrite),
         on_config: Box::new(move |config: &StunnerConfig| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            applied_certificates.observe(config, now);
             let Ok(mut running) = running_loglevel.lock() else {
                 return;
             };
@@ -688,7 +695,8 @@ fn main() -> ExitCode {
             *seen = asked;
         }),
         metrics: Arc::new(move |recorder: &dyn metrics::Recorder| {
-            uturn_dataplane::io::metrics::record(&scrape_stats, recorder)
+            uturn_dataplane::io::metrics::record(&scrape_stats, recorder);
+            scraped_certificates.record(recorder);
         }),
         force_ready: cli.force_ready_status,
         dataplane_status: Arc::new(

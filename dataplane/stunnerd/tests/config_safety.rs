@@ -228,6 +228,100 @@ fn a_mismatched_key_on_reload_drops_nothing_and_a_good_rotation_applies() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// Seconds since the Unix epoch.
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+#[test]
+fn each_certificates_expiry_is_a_gauge_and_an_expired_or_expiring_one_is_logged() {
+    const DAY: i64 = 86_400;
+    let ports = Ports {
+        health: free_stream_port(),
+        metrics: free_stream_port(),
+        secure: free_stream_port(),
+    };
+    let now = unix_now();
+    let between = |from: i64, until: i64| {
+        uturn_dataplane::io::tls::self_signed_between("127.0.0.1", from, until).unwrap()
+    };
+    let valid = between(now - DAY, now + 30 * DAY);
+    let expired = between(now - 2 * DAY, now - DAY);
+    let path = temp_file("config-safety-expiry.yaml");
+    std::fs::write(&path, secure_config(&ports, &valid, &expired)).unwrap();
+    let server = start_watching(&format!("file://{}", path.display()));
+    assert!(
+        wait_until(10, || ready(ports.health)),
+        "not ready:\n{}",
+        server.logs()
+    );
+    let gauge = |name: &str| {
+        metric(
+            ports.metrics,
+            &format!("uturn_listener_certificate_expiry_timestamp_seconds{{name=\"{name}\"}} "),
+        )
+    };
+    assert_eq!(gauge("tls"), Some((now + 30 * DAY) as f64));
+    assert_eq!(gauge("dtls"), Some((now - DAY) as f64));
+    // The expired certificate is served (clients that do not verify it still connect) and
+    // logged as an error naming the listener and the field; the valid one is not logged.
+    let logs = server.logs();
+    let line = |needle: &str| logs.lines().find(|l| l.contains(needle)).map(str::to_owned);
+    let error = line("its certificate expired").unwrap_or_else(|| panic!("not logged:\n{logs}"));
+    for needle in [
+        "listener \"dtls\"",
+        "expired 1 days ago",
+        "listeners[1].cert",
+        "ERROR",
+    ] {
+        assert!(error.contains(needle), "{needle:?} missing: {error}");
+    }
+    assert!(
+        line("listener \"tls\" (TURN-TLS): its certificate").is_none(),
+        "{logs}"
+    );
+
+    // The DTLS listener goes, the TLS certificate is replaced by one that ends in 3 days.
+    let soon = between(now - DAY, now + 3 * DAY + 3600);
+    let tls_only = secure_config(&ports, &soon, &soon);
+    let tls_only: String = tls_only
+        .lines()
+        .filter(|l| !l.contains("name: dtls"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    rewrite(&path, &tls_only);
+    assert!(
+        wait_until(10, || log_count(
+            &server,
+            "its certificate expires in 3 days"
+        ) == 1),
+        "the renewal was not logged:\n{}",
+        server.logs()
+    );
+    let warning = server.logs();
+    let warning = warning
+        .lines()
+        .find(|l| l.contains("expires in 3 days"))
+        .unwrap();
+    for needle in ["listener \"tls\"", "listeners[0].cert", "WARN"] {
+        assert!(warning.contains(needle), "{needle:?} missing: {warning}");
+    }
+    // The renewed certificate's end replaces the old one; the removed listener's certificate
+    // leaves the page (an alert on it would otherwise fire for good).
+    let gone = wait_until(10, || {
+        gauge("tls") == Some((now + 3 * DAY + 3600) as f64) && gauge("dtls").is_none()
+    });
+    assert!(
+        gone,
+        "{:?}",
+        http_get(ports.metrics, "/metrics").map(|(_, body)| body)
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn a_start_config_whose_key_does_not_load_or_match_exits_1_naming_the_listener() {
     let (cert, _) = pem_pair();
