@@ -4,7 +4,8 @@
 # namespace cluster (two gateway pods behind a NAT-ed VIP, a client, an echo peer) and measures,
 # for a call straight through its owner and for the same call with its flow moved to the other
 # pod (which forwards to the owner): ChannelData round-trip times (median, p90, p99 of 500
-# sequential pings) and the CPU both pods spend per echoed packet at 500 packets/s for 4 s.
+# sequential pings), and the CPU both pods spend per echoed packet at 500, 5000 and 20000
+# packets/s (2 s each) and at saturation (64 in flight, 2 s; with the echoes a second).
 #
 #   perf/forwarding.sh            # 3 runs
 #   REPS=5 perf/forwarding.sh

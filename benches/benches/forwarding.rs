@@ -3,9 +3,10 @@
 //! ChannelData echoed by a peer, straight through pod a (the owner), then with the client's flow
 //! moved to pod b, which forwards to a and returns a's answers. Reports the round-trip time
 //! (median, p90, p99 of sequential pings) and the CPU both gateway pods spent per relayed
-//! packet (`/proc/<pid>/task/*/schedstat`, every thread) at a fixed rate, for each path, in one
-//! run. Bounded: `PINGS` round trips and `RATE` × `SECONDS` paced packets per path. It runs
-//! the release `stunnerd`: `cargo build --release -p uturn-stunnerd` first.
+//! packet (`/proc/<pid>/task/*/schedstat`, every thread) at fixed rates and at saturation (as
+//! many as the pods echo with `WINDOW` packets in flight), for each path, in one run. Bounded:
+//! `PINGS` round trips, `RATES` × `SECONDS` paced packets and `SECONDS` of saturation per
+//! path. It runs the release `stunnerd`: `cargo build --release -p uturn-stunnerd` first.
 
 use std::net::UdpSocket;
 use std::net::{IpAddr, SocketAddr};
@@ -16,8 +17,11 @@ use uturn_testkit::link::LINK_CREDS;
 use uturn_testkit::peers::Peer;
 
 const PINGS: usize = 500;
-const RATE: u32 = 500;
-const SECONDS: u32 = 4;
+/// Echoed packets a second, each for `SECONDS`.
+const RATES: [u32; 3] = [500, 5_000, 20_000];
+const SECONDS: u32 = 2;
+/// Packets in flight at saturation.
+const WINDOW: usize = 64;
 const PAYLOAD: usize = 160;
 
 /// CPU time (ns) every thread of process `pid` has run.
@@ -61,41 +65,96 @@ fn pings(socket: &UdpSocket) -> Vec<Duration> {
     times
 }
 
-/// `RATE` ChannelData a second for `SECONDS`: CPU ns of pods a and b per echoed packet (two
-/// relayed datagrams each), and the share echoed.
-fn paced(cluster: &mut Cluster, socket: &UdpSocket) -> (f64, f64) {
-    let frame = frame();
+/// The CPU time (ns) of pods a and b together.
+fn pods_cpu(cluster: &mut Cluster) -> u64 {
     let pids = [cluster.stunnerd(0).pid(), cluster.stunnerd(1).pid()];
-    let before: u64 = pids.iter().map(|&p| cpu_ns(p)).sum();
+    pids.iter().map(|&p| cpu_ns(p)).sum()
+}
+
+/// What a phase measured: gateway CPU ns per echoed packet (two relayed datagrams each), echoed
+/// packets a second, and the share of sent packets echoed.
+struct Phase {
+    cpu_per_echo: f64,
+    echoes_per_second: f64,
+    echoed_share: f64,
+}
+
+/// Runs `send_all` (which returns how many it sent and echoes it saw), then collects late echoes.
+fn phase(
+    cluster: &mut Cluster,
+    socket: &UdpSocket,
+    send_all: impl FnOnce(&UdpSocket) -> (usize, usize),
+) -> Phase {
+    let before = pods_cpu(cluster);
     socket.set_nonblocking(true).unwrap();
-    let total = RATE * SECONDS;
-    let mut echoed = 0usize;
-    let mut buf = [0u8; 2048];
     let start = Instant::now();
-    let mut receive = |echoed: &mut usize| {
-        while socket.recv(&mut buf).is_ok() {
-            *echoed += 1;
-        }
-    };
-    for i in 0..total {
-        let due = start + Duration::from_secs_f64(f64::from(i) / f64::from(RATE));
-        while Instant::now() < due {
-            receive(&mut echoed);
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        let _ = socket.send(&frame);
-    }
+    let (sent, mut echoed) = send_all(socket);
+    let elapsed = start.elapsed();
+    let mut buf = [0u8; 2048];
     let end = Instant::now() + Duration::from_millis(300);
     while Instant::now() < end {
-        receive(&mut echoed);
+        while socket.recv(&mut buf).is_ok() {
+            echoed += 1;
+        }
         std::thread::sleep(Duration::from_millis(1));
     }
     socket.set_nonblocking(false).unwrap();
-    let after: u64 = pids.iter().map(|&p| cpu_ns(p)).sum();
-    (
-        (after - before) as f64 / echoed.max(1) as f64,
-        echoed as f64 / f64::from(total),
-    )
+    let after = pods_cpu(cluster);
+    Phase {
+        cpu_per_echo: (after - before) as f64 / echoed.max(1) as f64,
+        echoes_per_second: echoed as f64 / elapsed.as_secs_f64(),
+        echoed_share: echoed as f64 / sent.max(1) as f64,
+    }
+}
+
+/// `rate` ChannelData a second for `SECONDS`.
+fn paced(cluster: &mut Cluster, socket: &UdpSocket, rate: u32) -> Phase {
+    let frame = frame();
+    phase(cluster, socket, |socket| {
+        let total = rate * SECONDS;
+        let mut echoed = 0usize;
+        let mut buf = [0u8; 2048];
+        let start = Instant::now();
+        for i in 0..total {
+            let due = start + Duration::from_secs_f64(f64::from(i) / f64::from(rate));
+            while Instant::now() < due {
+                while socket.recv(&mut buf).is_ok() {
+                    echoed += 1;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let _ = socket.send(&frame);
+        }
+        (total as usize, echoed)
+    })
+}
+
+/// As many ChannelData as come back with `WINDOW` in flight, for `SECONDS` (a window not
+/// answered within 5 ms counts as lost and opens again).
+fn saturated(cluster: &mut Cluster, socket: &UdpSocket) -> Phase {
+    let frame = frame();
+    phase(cluster, socket, |socket| {
+        let (mut sent, mut echoed, mut in_flight) = (0usize, 0usize, 0usize);
+        let mut buf = [0u8; 2048];
+        let end = Instant::now() + Duration::from_secs(u64::from(SECONDS));
+        let mut last_echo = Instant::now();
+        while Instant::now() < end {
+            while in_flight < WINDOW && socket.send(&frame).is_ok() {
+                sent += 1;
+                in_flight += 1;
+            }
+            while socket.recv(&mut buf).is_ok() {
+                echoed += 1;
+                in_flight = in_flight.saturating_sub(1);
+                last_echo = Instant::now();
+            }
+            if last_echo.elapsed() > Duration::from_millis(5) {
+                in_flight = 0;
+                last_echo = Instant::now();
+            }
+        }
+        (sent, echoed)
+    })
 }
 
 fn main() {
@@ -131,7 +190,8 @@ fn main() {
     };
     println!(
         "second-chance forwarding, {PAYLOAD}-byte ChannelData echoed by a peer; {PINGS} \
-         sequential round trips, then {RATE}/s for {SECONDS} s, per path"
+         sequential round trips, then {RATES:?}/s for {SECONDS} s each, then saturation \
+         ({WINDOW} in flight, {SECONDS} s), per path"
     );
     for (path, to) in [("straight (pod a)", 0), ("forwarded (b → a → b)", 1)] {
         if to != cluster.target() {
@@ -140,17 +200,27 @@ fn main() {
             let _ = pings(socket);
         }
         let times = pings(socket);
-        let (cpu, echoed) = paced(&mut cluster, socket);
         println!(
-            "{path:24} rtt median {:>7.1} µs  p90 {:>7.1} µs  p99 {:>7.1} µs  ({} of {PINGS}) | \
-             gateway CPU {:>6.2} µs per echoed packet, {:.1} % echoed",
+            "{path:24} rtt median {:>7.1} µs  p90 {:>7.1} µs  p99 {:>7.1} µs  ({} of {PINGS})",
             percentile(&times, 0.5).as_secs_f64() * 1e6,
             percentile(&times, 0.9).as_secs_f64() * 1e6,
             percentile(&times, 0.99).as_secs_f64() * 1e6,
             times.len(),
-            cpu / 1000.0,
-            echoed * 100.0
         );
+        let mut phases: Vec<(String, Phase)> = RATES
+            .iter()
+            .map(|&rate| (format!("{rate}/s"), paced(&mut cluster, socket, rate)))
+            .collect();
+        phases.push(("saturated".into(), saturated(&mut cluster, socket)));
+        for (load, phase) in phases {
+            println!(
+                "{path:24} {load:>9} | gateway CPU {:>6.2} µs per echoed packet, {:>8.0} \
+                 echoes/s, {:.1} % echoed",
+                phase.cpu_per_echo / 1000.0,
+                phase.echoes_per_second,
+                phase.echoed_share * 100.0
+            );
+        }
     }
     let senders: Vec<SocketAddr> = peer.senders().into_keys().collect();
     assert_eq!(senders, vec![relay], "the peer heard another relay");

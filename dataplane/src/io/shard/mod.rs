@@ -374,6 +374,9 @@ impl<D: Driver> Shard<D> {
     pub(super) fn flush(&mut self) {
         self.datagrams.flush_to_peers(&mut self.counters);
         self.datagrams.flush_to_clients(&mut self.counters);
+        if let Some(link) = self.siblings.as_mut() {
+            link.flush();
+        }
         while let Some(slot) = self.conns.pop_dirty() {
             self.flush_conn(slot);
         }

@@ -29,7 +29,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use uturn_shared::snapshot::Snapshot;
-use uturn_udp::try_send_to;
+use uturn_udp::SendQueue;
 
 /// How long a query waits for its owner's claim.
 pub(crate) const QUERY_WAIT: Duration = Duration::from_millis(300);
@@ -113,7 +113,35 @@ pub(super) struct SiblingLink<W> {
     /// The shard's budget over all sources (one bucket).
     queries_all: ChallengeLimiter,
     message: Vec<u8>,
+    /// Messages for siblings, sent together when the shard flushes (a run of forwarded media
+    /// for one owner leaves in one `sendmmsg`), tagged with what they count as ([`Sent`]).
+    /// Without UDP GSO: between pods it cost more CPU than it saved below saturation
+    /// (perf/results/2026-12-07-second-chance.md).
+    queue: SendQueue,
     pub(super) counts: SiblingCounts,
+}
+
+/// What a message sent to a sibling counts as, once the kernel took it.
+#[derive(Clone, Copy)]
+enum Sent {
+    /// A client datagram forwarded (or a query): `forwarded_out`.
+    Forwarded = 0,
+    /// Something for a client, returned through its forwarder: `returned_out`.
+    Returned = 1,
+    /// A claim, a gone, a query handed on inside the pod: not counted.
+    Control = 2,
+}
+
+/// Counts one message the sibling queue sent (or failed to).
+fn count_sent(counts: &mut SiblingCounts, tag: usize, outcome: io::Result<usize>) {
+    if outcome.is_err() {
+        return;
+    }
+    if tag == Sent::Forwarded as usize {
+        counts.forwarded_out += 1;
+    } else if tag == Sent::Returned as usize {
+        counts.returned_out += 1;
+    }
 }
 
 fn unix_ms() -> u64 {
@@ -153,18 +181,33 @@ impl<W> SiblingLink<W> {
             queries: ChallengeLimiter::new(QUERY_RATE, QUERY_BURST, now),
             queries_all: ChallengeLimiter::new(QUERY_RATE_ALL, QUERY_BURST_ALL, now),
             message: Vec::with_capacity(2048),
+            queue: SendQueue::new().without_gso(),
             counts: SiblingCounts::default(),
         })
     }
 
-    fn send(&mut self, to: SocketAddr, message: &SiblingMessage<'_>) -> bool {
+    /// Queues `message` for sibling `to` (sent at the shard's next flush), counted as `sent`.
+    fn send(&mut self, to: SocketAddr, message: &SiblingMessage<'_>, sent: Sent) {
         if sibling::encode(&self.key, message, unix_ms(), &mut self.message).is_none() {
-            return false;
+            return;
         }
-        matches!(
-            try_send_to(self.socket.fd, &self.message, for_socket(self.local, to)),
-            Ok(Some(_))
-        )
+        let counts = &mut self.counts;
+        self.queue.push(
+            self.socket.fd,
+            &self.message,
+            for_socket(self.local, to),
+            sent as usize,
+            &mut |tag, outcome| count_sent(counts, tag, outcome),
+        );
+    }
+
+    /// Sends the queued messages.
+    pub(super) fn flush(&mut self) {
+        if !self.queue.is_empty() {
+            let counts = &mut self.counts;
+            self.queue
+                .flush(&mut |tag, outcome| count_sent(counts, tag, outcome));
+        }
     }
 
     /// Forgets owners idle too long, turns unanswered queries into "nobody's".
@@ -233,9 +276,7 @@ impl<D: Driver> Shard<D> {
         if let Some(owner) = link.owners.get_mut(&client) {
             owner.seen = now;
             let to = owner.addr;
-            if link.send(to, &message(0)) {
-                link.counts.forwarded_out += 1;
-            }
+            link.send(to, &message(0), Sent::Forwarded);
             return MissVerdict::Forwarded;
         }
         if link.nobody.get(&client).is_some_and(|until| *until > now) || siblings.is_empty() {
@@ -257,9 +298,11 @@ impl<D: Driver> Shard<D> {
         link.counts.queries += 1;
         let base = link.base;
         for ip in siblings.iter() {
-            if link.send(SocketAddr::new(*ip, base), &message(FLAG_QUERY)) {
-                link.counts.forwarded_out += 1;
-            }
+            link.send(
+                SocketAddr::new(*ip, base),
+                &message(FLAG_QUERY),
+                Sent::Forwarded,
+            );
         }
         MissVerdict::Forwarded
     }
@@ -354,7 +397,14 @@ impl<D: Driver> Shard<D> {
                 if let Some(owner) = link.owners.get_mut(&client) {
                     owner.seen = now;
                 }
-                socket.send_to(message.client, message.payload, &mut self.counters);
+                let counters = &mut self.counters;
+                self.datagrams.to_clients.push(
+                    socket.fd,
+                    message.payload,
+                    for_socket(socket.local, message.client),
+                    socket.metric,
+                    &mut |metric, outcome| counters.sent_to_client(metric, outcome),
+                );
             }
             Kind::Forward => {
                 let reply_to = message.origin.unwrap_or(from);
@@ -373,7 +423,7 @@ impl<D: Driver> Shard<D> {
                         origin: None,
                         ..message.clone()
                     };
-                    link.send(reply_to, &gone);
+                    link.send(reply_to, &gone, Sent::Control);
                     return;
                 }
                 // A query reaches every pod's first shard: that shard asks the pod's others.
@@ -387,7 +437,7 @@ impl<D: Driver> Shard<D> {
                             break;
                         };
                         let local = SocketAddr::new(IpAddr::from([127, 0, 0, 1]), port);
-                        link.send(local, &handed_on);
+                        link.send(local, &handed_on, Sent::Control);
                     }
                 }
             }
@@ -435,7 +485,7 @@ impl<D: Driver> Shard<D> {
                 listener: name,
                 payload: &[],
             };
-            link.send(reply_to, &claim);
+            link.send(reply_to, &claim, Sent::Control);
         }
         if let Some(n) = reply {
             let answer = SiblingMessage {
@@ -446,9 +496,7 @@ impl<D: Driver> Shard<D> {
                 listener: name,
                 payload: &self.out[..n],
             };
-            if link.send(reply_to, &answer) {
-                link.counts.returned_out += 1;
-            }
+            link.send(reply_to, &answer, Sent::Returned);
         }
     }
 
@@ -471,9 +519,7 @@ impl<D: Driver> Shard<D> {
             listener: &listener.spec.name,
             payload: data,
         };
-        if link.send(via, &answer) {
-            link.counts.returned_out += 1;
-        }
+        link.send(via, &answer, Sent::Returned);
     }
 
     /// Carries out what the engine asked for a client datagram (relays it, or binds an
