@@ -243,7 +243,8 @@ impl<W> SiblingLink<W> {
 
 /// What to do with a client datagram that missed.
 pub(super) enum MissVerdict {
-    /// Handed to a sibling (or dropped while a query is in flight): nothing to answer here.
+    /// Handed to a sibling (or dropped while a query is in flight, or over the query budget):
+    /// nothing to answer here.
     Forwarded,
     /// Give today's answer.
     Local,
@@ -291,8 +292,11 @@ impl<D: Driver> Shard<D> {
             || !link.queries.allow(from.ip(), now)
             || !link.queries_all.allow(all, now)
         {
+            // Dropped unanswered, not given today's 437: the client may be a moved call whose
+            // owner is asked when the budget allows (its next datagram, or the request's
+            // retransmission); a 437 to its Refresh would end the call at the client.
             link.counts.rate_limited += 1;
-            return MissVerdict::Local;
+            return MissVerdict::Forwarded;
         }
         link.pending.insert(client, now + QUERY_WAIT);
         link.counts.queries += 1;
