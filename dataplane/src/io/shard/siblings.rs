@@ -39,9 +39,11 @@ pub(crate) const NOBODY_FOR: Duration = Duration::from_secs(5);
 pub(crate) const OWNER_IDLE: Duration = Duration::from_secs(120);
 /// Clients remembered at most per shard, in each table (an owner, nobody's, a query in flight).
 const MAX_CLIENTS: usize = 1 << 16;
-/// Queries one client source IP may make at once, and per second after that.
-const QUERY_BURST: u32 = 20;
-const QUERY_RATE: u32 = 10;
+/// Queries one client source IP may make at once, and per second after that: room for the
+/// calls of a NAT address shared by many clients (an office, a carrier NAT) that move at once,
+/// while one source still takes only a tenth of the shard's budget.
+const QUERY_BURST: u32 = 100;
+const QUERY_RATE: u32 = 50;
 /// Queries a shard makes at once and per second over all sources: misses spoofed from many
 /// source addresses (each with a bucket of its own) send no more than this to the siblings,
 /// while a load balancer moving a thousand calls at once still finds their owners at once.
