@@ -110,8 +110,10 @@ pub struct ShardReport {
     pub auth_failed: u64,
     /// Allocates refused for a quota (486 per user-id, 508 for the global cap).
     pub quota_refused: u64,
-    /// Datagrams the kernel would not take (a full socket buffer, or a send error).
+    /// Datagrams not sent for want of room (a full socket buffer or slow reader's queue).
     pub send_failed: u64,
+    /// Datagrams the kernel refused with an error.
+    pub send_errors: u64,
     /// TCP/TLS connections closed at accept for a cap: per client address, and in total.
     pub refused_connections: [u64; 2],
     /// Bytes of memory TCP/TLS connections' buffers hold now.
@@ -259,6 +261,7 @@ fn record_totals(shards: &[ShardStats]) {
     dropped("auth_failed", sum(|r| r.auth_failed));
     dropped("quota", sum(|r| r.quota_refused));
     dropped("send_failed", sum(|r| r.send_failed));
+    dropped("send_error", sum(|r| r.send_errors));
 
     describe_counter!(
         "uturn_refused_connections_total",

@@ -22,8 +22,11 @@ pub(super) struct Counters {
     /// whole, stream bytes that are not TURN frames, DTLS sessions that did not start with a
     /// handshake record (or found the shard's session table full).
     pub unparsed: u64,
-    /// Datagrams the kernel would not take (full socket buffer or an error).
+    /// Datagrams not sent for want of room: a full socket buffer, a slow reader's full queue.
     pub send_failed: u64,
+    /// Datagrams the kernel refused with an error (a firewall's drop, no route, no buffer
+    /// memory): a fault of the path, not of the load.
+    pub send_errors: u64,
     /// TCP/TLS connections closed at accept, by [`crate::io::admission::Refused`] (per
     /// address, total).
     pub refused_connections: [u64; 2],
@@ -78,8 +81,12 @@ impl Counters {
                 self.send_failed += 1;
                 None
             }
-            Err(e) => {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 self.send_failed += 1;
+                None
+            }
+            Err(e) => {
+                self.send_errors += 1;
                 tracing::debug!(target: "stunner", "send failed: {e}");
                 None
             }
@@ -127,6 +134,7 @@ impl Counters {
             auth_failed: engine_stats.auth_failures,
             quota_refused: engine_stats.quota_refusals,
             send_failed: self.send_failed,
+            send_errors: self.send_errors,
             refused_connections: self.refused_connections,
             stream_buffer_bytes: conns.buffered_bytes(),
             unauthenticated_connections: conns.unauthenticated(),
