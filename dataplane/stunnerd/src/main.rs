@@ -622,7 +622,7 @@ fn main() -> ExitCode {
     let stats = dataplane.stats_handle();
     let scrape_stats = dataplane.stats_handle();
     let certificates = Arc::new(CertificateExpiry::new());
-    let (applied_certificates, scraped_certificates) = (certificates.clone(), certificates);
+    let (applied_certificates, scraped_certificates) = (certificates.clone(), certificates.clone());
     let status_stats = dataplane.stats_handle();
     let session_stats = dataplane.stats_handle();
     let follow_loglevel = cli_log.is_none();
@@ -662,10 +662,7 @@ fn main() -> ExitCode {
         siblings: siblings.map(|(siblings, _)| siblings).unwrap_or_default(),
         rewrite: Box::new(rewrite),
         on_config: Box::new(move |config: &StunnerConfig| {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() as i64);
-            applied_certificates.observe(config, now);
+            applied_certificates.observe(config, unix_now());
             let Ok(mut running) = running_loglevel.lock() else {
                 return;
             };
@@ -763,8 +760,16 @@ fn main() -> ExitCode {
         &control,
         cli.drain_timeout.map(Duration::from_secs),
         cli.no_graceful_shutdown,
+        &|| certificates.recheck(unix_now()),
     );
     ExitCode::SUCCESS
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// Blocks SIGTERM and SIGINT in the calling thread and every thread it starts later, so that
@@ -797,18 +802,22 @@ fn next_signal(set: &libc::sigset_t, timeout: Duration) -> Option<i32> {
 /// the last allocation is gone (or `drain_timeout` passes).
 ///
 /// With `--no-graceful-shutdown` (`immediate`) it exits at once instead, closing every socket.
+/// Until the signal it calls `every_second` about once a second.
 fn run_until_drained(
     dataplane: &Dataplane,
     control: &Control,
     drain_timeout: Option<Duration>,
     immediate: bool,
+    every_second: &dyn Fn(),
 ) {
     let signals = SHUTDOWN_SIGNALS
         .get()
         .copied()
         .unwrap_or_else(block_shutdown_signals);
     const POLL: Duration = Duration::from_millis(250);
-    while next_signal(&signals, Duration::from_secs(3600)).is_none() {}
+    while next_signal(&signals, Duration::from_secs(1)).is_none() {
+        every_second();
+    }
     if immediate {
         tracing::info!(
             target: "stunnerd",

@@ -286,13 +286,15 @@ fn each_certificates_expiry_is_a_gauge_and_an_expired_or_expiring_one_is_logged(
 
     // The DTLS listener goes, the TLS certificate is replaced by one that ends in 3 days.
     let soon = between(now - DAY, now + 3 * DAY + 3600);
-    let tls_only = secure_config(&ports, &soon, &soon);
-    let tls_only: String = tls_only
-        .lines()
-        .filter(|l| !l.contains("name: dtls"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    rewrite(&path, &tls_only);
+    // The config with its TLS listener alone, serving `pair`.
+    let tls_only = |pair: &(String, String)| -> String {
+        secure_config(&ports, pair, pair)
+            .lines()
+            .filter(|l| !l.contains("name: dtls"))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    };
+    rewrite(&path, &tls_only(&soon));
     assert!(
         wait_until(10, || log_count(
             &server,
@@ -318,6 +320,27 @@ fn each_certificates_expiry_is_a_gauge_and_an_expired_or_expiring_one_is_logged(
         gone,
         "{:?}",
         http_get(ports.metrics, "/metrics").map(|(_, body)| body)
+    );
+
+    // A certificate that expires while it is served, with no config change: logged when it
+    // does.
+    let ending = between(now - DAY, unix_now() + 4);
+    rewrite(&path, &tls_only(&ending));
+    assert!(
+        wait_until(10, || log_count(
+            &server,
+            "its certificate expires in 0 days"
+        ) == 1),
+        "the short certificate was not logged:\n{}",
+        server.logs()
+    );
+    assert!(
+        wait_until(10, || log_count(
+            &server,
+            "its certificate expired 0 days ago"
+        ) == 1),
+        "the certificate's expiry was not logged:\n{}",
+        server.logs()
     );
     let _ = std::fs::remove_file(&path);
 }
