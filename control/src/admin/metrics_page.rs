@@ -34,13 +34,59 @@ impl MetricsPage {
         }
     }
 
-    /// The page's body: what `dataplane` records now, then the process's metrics.
+    /// The page's body: what `dataplane` records now, then the process's metrics, in the
+    /// same order at every scrape ([`in_order`]).
     pub(crate) fn render(&self, dataplane: &MetricsSource) -> String {
         dataplane(&self.recorder);
-        let mut body = self.recorder.0.handle().render();
+        let mut body = in_order(&self.recorder.0.handle().render());
         super::process_metrics::render(&mut body);
         body
     }
+}
+
+/// The exporter's text with its families sorted by name and each counter's or gauge's samples
+/// sorted (the exporter keeps them in hash maps, so two scrapes would list them in different
+/// orders, which makes scrapes hard to compare). Families stay whole, each after its HELP and
+/// TYPE lines; other kinds (histograms, whose buckets have an order) keep their samples as
+/// they are.
+fn in_order(text: &str) -> String {
+    let mut families: Vec<(&str, Vec<&str>)> = text
+        .split("\n\n")
+        .filter(|family| !family.trim().is_empty())
+        .map(|family| {
+            let mut lines: Vec<&str> = family.lines().collect();
+            let name = lines
+                .iter()
+                .find_map(|l| {
+                    l.strip_prefix("# TYPE ")
+                        .or_else(|| l.strip_prefix("# HELP "))
+                })
+                .or_else(|| lines.first().copied())
+                .and_then(|l| l.split([' ', '{']).next())
+                .unwrap_or("");
+            let sortable = lines.iter().any(|l| {
+                l.strip_prefix("# TYPE ")
+                    .is_some_and(|t| t.ends_with(" counter") || t.ends_with(" gauge"))
+            });
+            if sortable {
+                let samples = lines.iter().position(|l| !l.starts_with('#'));
+                if let Some(first) = samples {
+                    lines[first..].sort_unstable();
+                }
+            }
+            (name, lines)
+        })
+        .collect();
+    families.sort_by(|a, b| a.0.cmp(b.0));
+    let mut out = String::with_capacity(text.len());
+    for (_, lines) in families {
+        for line in lines {
+            out.push_str(line);
+            out.push('\n');
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// The exporter's recorder, handed label values it escapes exactly. Its sanitizer reads a
@@ -115,6 +161,40 @@ mod tests {
             "{body}"
         );
         assert!(body.contains("\nprocess_open_fds "), "{body}");
+    }
+
+    #[test]
+    fn families_and_their_samples_come_in_the_same_order_at_every_scrape() {
+        let page = MetricsPage::new();
+        let many = |recorder: &dyn Recorder| {
+            metrics::with_local_recorder(recorder, || {
+                for family in ["zeta_total", "alpha_total", "mid_total"] {
+                    metrics::describe_counter!(family, "A test counter");
+                    for name in ["q", "b", "x", "a", "m"] {
+                        metrics::counter!(family, "name" => name).absolute(1);
+                    }
+                }
+                metrics::gauge!("beta").set(2.0);
+            })
+        };
+        let source: MetricsSource = Arc::new(many);
+        // The recorded part (the process's own metrics, open descriptors say, move).
+        let recorded = |body: String| body.split("# HELP process_").next().unwrap().to_string();
+        let first = recorded(page.render(&source));
+        for _ in 0..5 {
+            assert_eq!(recorded(page.render(&source)), first);
+        }
+        let order: Vec<&str> = first
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .collect();
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(order, sorted, "{first}");
+        assert!(
+            first.contains("# HELP alpha_total A test counter\n# TYPE alpha_total counter\nalpha_total{name=\"a\"} 1\n"),
+            "{first}"
+        );
     }
 
     #[test]
