@@ -72,7 +72,17 @@ impl ChallengeLimiter {
     /// A limiter allowing `burst` challenges at once and `rate` per second per source; `rate`
     /// 0 allows everything (and allocates no table).
     pub fn new(rate: u32, burst: u32, epoch: Instant) -> ChallengeLimiter {
-        let size = if rate == 0 { 0 } else { CHALLENGE_BUCKETS };
+        ChallengeLimiter::with_buckets(rate, burst, epoch, CHALLENGE_BUCKETS)
+    }
+
+    /// A limiter with one bucket that every source shares: `burst` at once and `rate` per
+    /// second over all of them.
+    pub fn shared(rate: u32, burst: u32, epoch: Instant) -> ChallengeLimiter {
+        ChallengeLimiter::with_buckets(rate, burst, epoch, 1)
+    }
+
+    fn with_buckets(rate: u32, burst: u32, epoch: Instant, buckets: usize) -> ChallengeLimiter {
+        let size = if rate == 0 { 0 } else { buckets };
         ChallengeLimiter {
             rate,
             burst: burst.max(1),
@@ -90,7 +100,10 @@ impl ChallengeLimiter {
         // Shifted by one so that 0 marks an unused bucket (wraps after 49 days: harmless, a
         // bucket then refills early once).
         let now_ms = (now.saturating_duration_since(self.epoch).as_millis() as u32).wrapping_add(1);
-        let index = (self.hasher.hash_one(ip) as usize) % self.buckets.len();
+        let index = match self.buckets.len() {
+            1 => 0,
+            n => (self.hasher.hash_one(ip) as usize) % n,
+        };
         let bucket = &mut self.buckets[index];
         if bucket.stamp_ms == 0 {
             *bucket = Bucket {
@@ -212,6 +225,25 @@ mod tests {
         // Idle for long: back to the burst, never more.
         let much_later = t0 + Duration::from_secs(60);
         assert_eq!((0..20).filter(|_| limiter.allow(ip, much_later)).count(), 5);
+    }
+
+    #[test]
+    fn a_shared_bucket_is_one_budget_for_every_source() {
+        let t0 = Instant::now();
+        let mut limiter = ChallengeLimiter::shared(10, 5, t0);
+        let sources: Vec<IpAddr> = (1..=20u8).map(|i| IpAddr::from([192, 0, 2, i])).collect();
+        assert_eq!(
+            sources.iter().filter(|ip| limiter.allow(**ip, t0)).count(),
+            5
+        );
+        let later = t0 + Duration::from_millis(300);
+        assert_eq!(
+            sources
+                .iter()
+                .filter(|ip| limiter.allow(**ip, later))
+                .count(),
+            3
+        );
     }
 
     #[test]

@@ -77,17 +77,14 @@ impl Counters {
     pub(super) fn sent(&mut self, outcome: io::Result<Option<usize>>) -> Option<usize> {
         match outcome {
             Ok(Some(n)) => Some(n),
-            Ok(None) => {
-                self.send_failed += 1;
-                None
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.send_failed += 1;
-                None
-            }
-            Err(e) => {
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock => {
                 self.send_errors += 1;
                 tracing::debug!(target: "stunner", "send failed: {e}");
+                None
+            }
+            // No room: a full socket buffer.
+            Ok(None) | Err(_) => {
+                self.send_failed += 1;
                 None
             }
         }

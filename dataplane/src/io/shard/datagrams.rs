@@ -54,6 +54,23 @@ impl Datagrams {
         }
     }
 
+    /// Queues `datagram` for `client`, from UDP listener socket `socket`, counted.
+    pub(super) fn queue_to_client(
+        &mut self,
+        socket: &DatagramSocket,
+        client: SocketAddr,
+        datagram: &[u8],
+        counters: &mut Counters,
+    ) {
+        self.to_clients.push(
+            socket.fd,
+            datagram,
+            for_socket(socket.local, client),
+            socket.metric,
+            &mut |metric, outcome| counters.sent_to_client(metric, outcome),
+        );
+    }
+
     /// Sends the datagrams queued for clients.
     pub(super) fn flush_to_clients(&mut self, counters: &mut Counters) {
         if !self.to_clients.is_empty() {

@@ -33,7 +33,7 @@ use super::driver::{Driver, Readiness, Token, TICK};
 use super::groups::ListenerGroups;
 use super::metrics::ShardStats;
 use super::offload::{Offload, OffloadTable, COUNTER_SYNC};
-use super::socket::{canonical, for_socket};
+use super::socket::canonical;
 use super::stream::Closed;
 use super::sys;
 use crate::proto::ratelimit::LogLimiter;
@@ -844,13 +844,9 @@ impl<D: Driver> Shard<D> {
             Bytes::Output(n) => &self.out[..n],
         };
         match &mut running.transport {
-            ListenerTransport::Udp => self.datagrams.to_clients.push(
-                socket.fd,
-                data,
-                for_socket(socket.local, client),
-                socket.metric,
-                &mut |metric, outcome| counters.sent_to_client(metric, outcome),
-            ),
+            ListenerTransport::Udp => self
+                .datagrams
+                .queue_to_client(&socket, client, data, counters),
             ListenerTransport::Dtls(dtls) => dtls.send_to_client(client, data, &socket, counters),
             ListenerTransport::Tcp | ListenerTransport::Tls(_) => {
                 if self.conns.queue_to_client(listener, client, data) {

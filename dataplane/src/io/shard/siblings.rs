@@ -181,7 +181,7 @@ impl<W> SiblingLink<W> {
             nobody: HashMap::with_hasher(RandomState::default()),
             pending: HashMap::with_hasher(RandomState::default()),
             queries: ChallengeLimiter::new(QUERY_RATE, QUERY_BURST, now),
-            queries_all: ChallengeLimiter::new(QUERY_RATE_ALL, QUERY_BURST_ALL, now),
+            queries_all: ChallengeLimiter::shared(QUERY_RATE_ALL, QUERY_BURST_ALL, now),
             message: Vec::with_capacity(2048),
             queue: SendQueue::new().without_gso(),
             counts: SiblingCounts::default(),
@@ -289,10 +289,9 @@ impl<D: Driver> Shard<D> {
             // A query is out: the owner will be known in a moment.
             return MissVerdict::Forwarded;
         }
-        let all = IpAddr::from([0, 0, 0, 0]);
         if link.pending.len() >= MAX_CLIENTS
             || !link.queries.allow(from.ip(), now)
-            || !link.queries_all.allow(all, now)
+            || !link.queries_all.allow(from.ip(), now)
         {
             // Dropped unanswered, not given today's 437: the client may be a moved call whose
             // owner is asked when the budget allows (its next datagram, or the request's
@@ -403,13 +402,11 @@ impl<D: Driver> Shard<D> {
                 if let Some(owner) = link.owners.get_mut(&client) {
                     owner.seen = now;
                 }
-                let counters = &mut self.counters;
-                self.datagrams.to_clients.push(
-                    socket.fd,
+                self.datagrams.queue_to_client(
+                    &socket,
+                    message.client,
                     message.payload,
-                    for_socket(socket.local, message.client),
-                    socket.metric,
-                    &mut |metric, outcome| counters.sent_to_client(metric, outcome),
+                    &mut self.counters,
                 );
             }
             Kind::Forward => {
