@@ -6,12 +6,17 @@
 //! [`FakeCds::start_tls`] serves the same over TLS (an `https://` / `wss://` origin).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tungstenite::handshake::server::{Request, Response};
 use tungstenite::Message;
+
+/// How long a TLS handshake may wait for the client's next flight.
+const HANDSHAKE_WAIT: Duration = Duration::from_secs(5);
+/// How often a connection being served looks at the stop flag.
+const SERVE_POLL: Duration = Duration::from_millis(50);
 
 #[derive(Default)]
 struct State {
@@ -67,11 +72,20 @@ impl FakeCds {
                         let (state, stop, tls) = (state2.clone(), stop2.clone(), tls.clone());
                         connections.push(std::thread::spawn(move || {
                             let _ = stream.set_nonblocking(false);
-                            let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
+                            // The handshake may wait for a busy client (a loaded CI machine)
+                            // far longer than a poll; serving then polls the stop flag.
+                            let _ = stream.set_read_timeout(Some(HANDSHAKE_WAIT));
+                            let poll = |s: &TcpStream| s.set_read_timeout(Some(SERVE_POLL));
                             let _ = match tls {
-                                None => serve(stream, &state, &stop),
+                                None => {
+                                    let _ = poll(&stream);
+                                    serve(stream, &state, &stop)
+                                }
                                 Some(acceptor) => match acceptor.accept(stream) {
-                                    Ok(stream) => serve(stream, &state, &stop),
+                                    Ok(stream) => {
+                                        let _ = poll(stream.get_ref());
+                                        serve(stream, &state, &stop)
+                                    }
                                     Err(_) => Ok(()),
                                 },
                             };
