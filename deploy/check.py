@@ -6,7 +6,8 @@ passes stunnerd's own validation (stunnerd --dry-run), RBAC is read-only on Endp
 Services, the seccomp profile is RuntimeDefault plus exactly the three io_uring syscalls, the
 pod drains for an hour with --force-ready-status, stunnerd knows every flag it is given, only
 the offload overlay adds capabilities (exactly BPF and NET_ADMIN, otherwise the base unchanged),
-and the image's entrypoint is stunnerd, built with the offload's BPF program.
+the image's entrypoint is stunnerd, built with the offload's BPF program, every overlay runs the
+one image the base kustomization names, and .dockerignore keeps target/ out of the context.
 
   deploy/check.py STUNNERD_BINARY KUBERNETES_VALIDATE    (exit 0: all good; 1: a finding)
 """
@@ -92,14 +93,28 @@ def check_offload(label, docs, base_docs):
     check(undo(docs) == undo(base_docs), f"{label}: otherwise the base unchanged")
 
 
+def docs_pod(docs):
+    pod, _ = stunnerd_container(docs)
+    return pod
+
+
 def check_siblings(label, docs, container):
     """Second-chance forwarding: on, its key from a Secret, its port declared and open only to
     the gateway's own pods."""
     args = [str(a) for a in container.get("args", [])]
     check(any(a.startswith("--siblings") for a in args), f"{label}: --siblings is on")
-    env = {e["name"]: e for e in container.get("env", [])}
-    key = env.get("UTURN_SIBLING_KEY", {}).get("valueFrom", {}).get("secretKeyRef", {})
-    check(bool(key.get("name")), f"{label}: the sibling key comes from a Secret")
+    # The key: a Secret mounted as the file --sibling-key-file names (re-read on change, so a
+    # rotation needs no restart), readable by the pod alone.
+    key_file = next((a.split("=", 1)[1] for a in args if a.startswith("--sibling-key-file=")), None)
+    pod = docs_pod(docs)
+    mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mount = key_file and mounts.get(os.path.dirname(key_file))
+    secret = volumes.get(mount, {}).get("secret", {}) if mount else {}
+    check(bool(secret.get("secretName")),
+          f"{label}: the sibling key is a Secret mounted as the file --sibling-key-file names")
+    check(secret.get("defaultMode", 0o644) & 0o007 == 0,
+          f"{label}: the key file is not readable by others (defaultMode {oct(secret.get('defaultMode', 0o644))})")
     ports = {(p["containerPort"], p["protocol"]) for p in container.get("ports", [])}
     check((13479, "UDP") in ports, f"{label}: the container declares sibling port 13479/UDP")
     policies = find(docs, "NetworkPolicy")
@@ -227,6 +242,35 @@ def main():
     for arg in spec.get("args", []):
         flag = arg.split("=")[0]
         check(flag in help_text, f"examples/dataplane.yaml: stunnerd knows {flag}")
+
+    # The image: named once, in the base kustomization's `images:`; every overlay's pods run
+    # exactly that, and the Dockerfile's build context leaves out what it does not need.
+    with open(os.path.join(HERE, "base", "kustomization.yaml")) as f:
+        images = yaml.safe_load(f).get("images", [])
+    check(len(images) == 1 and images[0].get("newTag"),
+          "base/kustomization.yaml: one images: entry, with the tag to run")
+    if images:
+        want = f"{images[0].get('newName', images[0]['name'])}:{images[0].get('newTag')}"
+        for directory in overlays:
+            _, docs = render(directory)
+            _, container = stunnerd_container(docs)
+            label = os.path.relpath(directory, os.path.dirname(HERE))
+            check(container["image"] == want, f"{label}: runs {want} (has {container['image']})")
+        with open(os.path.join(HERE, "base", "deployment.yaml")) as f:
+            raw = [d for d in yaml.safe_load_all(f) if d]
+        (deployment,) = find(raw, "Deployment", "uturn")
+        (raw_container,) = deployment["spec"]["template"]["spec"]["containers"]
+        check(":" not in raw_container["image"] and raw_container["image"] == images[0]["name"],
+              "base/deployment.yaml: names the image without a tag (the tag is the kustomization's)")
+        check(spec.get("image") == want,
+              f"examples/dataplane.yaml: the same image as the manifests, {want} (has {spec.get('image')})")
+    dockerignore_path = os.path.join(os.path.dirname(HERE), ".dockerignore")
+    ignored = set()
+    if os.path.exists(dockerignore_path):
+        with open(dockerignore_path) as f:
+            ignored = {l.strip().strip("/") for l in f if l.strip() and not l.startswith("#")}
+    check({"target", ".git"} <= ignored,
+          ".dockerignore leaves target/ and .git/ out of the build context")
 
     with open(os.path.join(HERE, "Dockerfile")) as f:
         dockerfile = f.read()

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# perf/compare.sh: uturn, coturn, pion/turn and a plain batched UDP relay (the "no TURN"
-# ceiling), one after another on this machine under the same turnperf load. Servers alternate
-# run by run (A B C D A B C D ...), every cell is repeated REPS times, and one table of medians
-# is printed with the ratios uturn/coturn, uturn/pion and uturn/plain.
+# perf/compare.sh: uturn, STUNner's own stunnerd, coturn, pion/turn and a plain batched UDP
+# relay (the "no TURN" ceiling), one after another on this machine under the same turnperf load.
+# Servers alternate run by run (A B C D A B C D ...), every cell is repeated REPS times, and one
+# table of medians is printed with the ratios uturn/STUNner, uturn/coturn, uturn/pion and
+# uturn/plain.
 #
 #   perf/compare.sh                      # the full matrix (about 10 minutes on 2 cores)
 #   REPS=1 SIZES=100 ALLOCS=64 THREADS=1 DURATION=2 perf/compare.sh   # a quick look
 #
 # Environment: REPS (3), DURATION seconds per run (3), SIZES ("100 1200"), ALLOCS ("64 1000"),
-# THREADS ("1 2"), SERVERS ("uturn uturn-epoll coturn pion plain": uturn is the io_uring
-# engine; uturn-offload, not in the default list, is it with --offload tc: see below), RATE per
+# THREADS ("1 2"), SERVERS ("uturn uturn-epoll stunner stunner-mt coturn pion plain": uturn is
+# the io_uring engine; uturn-offload, not in the default list, is it with --offload tc: see
+# below; stunner and stunner-mt are STUNner's stunnerd, see below), RATE per
 # allocation (0 = as fast as possible), FIND_MAX=1 (search each cell's highest rate with loss
 # under MAX_LOSS percent, 1; slower), PIN (1: in 1-thread cells the server runs on CPU 1 and
 # turnperf on CPU 0, so they do not take turns on one core),
@@ -36,6 +38,17 @@
 # uturn_offloaded_packets_total, scraped after the run; left out of FIND_MAX runs, whose counter
 # spans the whole search); its server.log says why when 0.
 #
+# `uturn-base` is uturn (io_uring, as `uturn`) run from another build of stunnerd, UTURN_BASE_BIN
+# (e.g. an older commit's, built in a worktree of its own): an A/B of two commits, alternated
+# run by run like every server here.
+#
+# `stunner` is STUNner's own stunnerd (github.com/l7mp/stunner v1.2.1, cmd/stunnerd, the binary
+# `bash .ci/go-components` builds into target/go/bin/stunnerd-stunner; STUNNER_BIN overrides)
+# with its default flags (one UDP socket per listener, -u 0), on the same v1 config as uturn;
+# `stunner-mt` is the same with --udp-thread-num equal to the CPU count (nproc: one
+# SO_REUSEPORT socket and read loop per CPU, as the operator's -u 16 does on a 16-CPU node).
+# Go schedules on the CPUs the server may use (GOMAXPROCS follows the 1-thread cells' taskset).
+#
 # `direct` is a pseudo-server for SERVERS: no server process, turnperf --mode direct sends the
 # same traffic straight between its clients and its peer (UDP only). It is the baseline of the
 # machine's CPU: a relay's machine cost is the machine's CPU with the relay minus the direct
@@ -60,7 +73,7 @@ SIZES=${SIZES:-"100 1200"}
 ALLOCS=${ALLOCS:-"64 1000"}
 THREADS=${THREADS:-"1 2"}
 SERVERS_SET=${SERVERS:-}
-SERVERS=${SERVERS:-"uturn uturn-epoll coturn pion plain"}
+SERVERS=${SERVERS:-"uturn uturn-epoll stunner stunner-mt coturn pion plain"}
 RATE=${RATE:-0}
 FIND_MAX=${FIND_MAX:-0}
 MAX_LOSS=${MAX_LOSS:-1}
@@ -94,6 +107,14 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 cargo build --release -q -p uturn-stunnerd -p uturn-perf
 perf/pion/build.sh "$PWD/target/release/pionturn"
+STUNNER_BIN=${STUNNER_BIN:-$PWD/target/go/bin/stunnerd-stunner}
+if [[ " $SERVERS " == *" uturn-base "* ]] && [ ! -x "${UTURN_BASE_BIN:-}" ]; then
+  echo "compare.sh: uturn-base needs UTURN_BASE_BIN, another build's stunnerd" >&2; exit 1
+fi
+if [[ " $SERVERS " == *" stunner"* ]] && [ ! -x "$STUNNER_BIN" ]; then
+  bash .ci/go-components
+  [ -x "$STUNNER_BIN" ] || { echo "compare.sh: no STUNner stunnerd at $STUNNER_BIN" >&2; exit 1; }
+fi
 
 # free_port [tcp]: a free UDP (or TCP) port on 127.0.0.1.
 free_port() {
@@ -150,8 +171,9 @@ start_server() {
     return
   fi
   case $name in
-    uturn|uturn-epoll|uturn-offload)
-      engine=uring offload=none metrics=""
+    uturn|uturn-epoll|uturn-offload|uturn-base)
+      engine=uring offload=none metrics="" bin=target/release/stunnerd
+      [ "$name" = uturn-base ] && bin=$UTURN_BASE_BIN
       [ "$name" = uturn-epoll ] && engine=epoll
       if [ "$name" = uturn-offload ]; then
         offload=tc metrics_port=$(free_port tcp)
@@ -164,8 +186,22 @@ auth: {type: static, realm: perf, credentials: {username: user1, password: pass1
 listeners: [{name: $TRANSPORT, protocol: TURN-${TRANSPORT^^}, address: 127.0.0.1, port: $port, routes: [peers]}]
 clusters: [{name: peers, endpoints: [127.0.0.1]}]
 EOF
-      UTURN_SHARDS=$threads "${server_cpu[@]}" target/release/stunnerd -u "$threads" \
+      UTURN_SHARDS=$threads "${server_cpu[@]}" "$bin" -u "$threads" \
         --io-engine "$engine" --offload "$offload" -c "file://$OUT/uturn.yaml" > "$OUT/server.log" 2>&1 &
+      ;;
+    stunner|stunner-mt)
+      # The same document as uturn's (STUNner reads v1; 127.0.0.1 is the peer's endpoint).
+      cat > "$OUT/stunner.yaml" <<EOF
+version: v1
+admin: {name: perf/stunner, loglevel: "all:WARN", healthcheck_endpoint: ""}
+auth: {type: static, realm: perf, credentials: {username: user1, password: pass1}}
+listeners: [{name: $TRANSPORT, protocol: TURN-${TRANSPORT^^}, address: 127.0.0.1, port: $port, routes: [peers]}]
+clusters: [{name: peers, endpoints: [127.0.0.1]}]
+EOF
+      local udp_threads=0
+      [ "$name" = stunner-mt ] && udp_threads=$(nproc)
+      "${server_cpu[@]}" "$STUNNER_BIN" -u "$udp_threads" -c "file://$OUT/stunner.yaml" \
+        > "$OUT/server.log" 2>&1 &
       ;;
     coturn)
       "${server_cpu[@]}" turnserver -n --listening-ip=127.0.0.1 --listening-port="$port" --relay-ip=127.0.0.1 \
@@ -304,7 +340,7 @@ fi
 
 python3 - "$results" "${latency:-}" "${fractions:-}" <<'PY'
 import json, os, statistics, sys
-SERVERS = ["uturn", "uturn-epoll", "uturn-offload", "coturn", "pion", "plain", "direct"]
+SERVERS = ["uturn", "uturn-base", "uturn-epoll", "uturn-offload", "stunner", "stunner-mt", "coturn", "pion", "plain", "direct"]
 def med(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -382,7 +418,9 @@ if cells:
         col("setups/s", "setup", ",.0f"), col("RSS B/allocation", "rss", ",.0f")] + offloaded(cells) + [RUNS])
     print()
     table(cells, CELL + [
-        ("engine", SERVER[1]), vs("pkt/s vs coturn", "coturn", "pps"), vs("pkt/s vs pion", "pion", "pps"),
+        ("engine", SERVER[1]), vs("pkt/s vs STUNner", "stunner", "pps"),
+        vs("pkt/s vs STUNner -u nproc", "stunner-mt", "pps"), vs("CPU/pkt vs STUNner", "stunner", "cpu"),
+        vs("pkt/s vs coturn", "coturn", "pps"), vs("pkt/s vs pion", "pion", "pps"),
         vs("pkt/s vs plain", "plain", "pps"), vs("CPU/pkt vs plain", "plain", "cpu"),
         vs("setups/s vs coturn", "coturn", "setup"), vs("RSS/allocation vs coturn", "coturn", "rss")],
         servers=["uturn", "uturn-epoll", "uturn-offload"])
@@ -399,7 +437,8 @@ if cells:
         col("server CPU µs/pkt", "cpu", ".2f"), col("wakeups/pkt", "wakeups", ".3f"),
         col("machine µs/pkt", "machine", ".2f"), col("softirq µs/pkt", "softirq", ".2f"),
         col("busy CPUs", "busy", ".2f"), col("relay machine µs/pkt", "relay", ".2f"),
-        vs("server CPU vs coturn", "coturn", "cpu"), vs("relay machine vs coturn", "coturn", "relay")]
+        vs("server CPU vs STUNner", "stunner", "cpu"), vs("server CPU vs coturn", "coturn", "cpu"),
+        vs("relay machine vs coturn", "coturn", "relay")]
         + offloaded(cells) + [RUNS])
 
 cells = cells_of(sys.argv[2])
@@ -410,5 +449,5 @@ if cells:
     table(cells, CELL + [
         col("coturn max pkt/s", "coturn_max", ",.0f"), col("offered pkt/s", "offered", ",.0f"), SERVER,
         col("delivered pkt/s", "pps", ",.0f"), col("loss %", "loss", ".2f"), col("p99 µs", "p99", ",.0f"),
-        vs("p99 vs coturn", "coturn", "p99")])
+        vs("p99 vs STUNner", "stunner", "p99"), vs("p99 vs coturn", "coturn", "p99")])
 PY

@@ -12,7 +12,8 @@ use stun_proto::types::message::{Message, MessageWriteExt, MessageWriteVec, Tran
 use turn_types::attribute::{ChannelNumber, XorPeerAddress};
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION};
 use uturn_dataplane::proto::{
-    ClientAction, Engine, ListenerId, ListenerRef, PeerAction, RelayId, PEER_HEADROOM,
+    Arrival, ArrivalKind, ClientAction, Engine, ListenerId, ListenerRef, PeerAction, PeerArrival,
+    RelayId, PEER_HEADROOM,
 };
 use uturn_perf::client::channel_data_header;
 use uturn_shared::config::parse_config;
@@ -62,18 +63,17 @@ impl Bench {
     }
 
     fn handle(&mut self, from: SocketAddr, data: &[u8]) -> ClientAction {
-        let spec = &self.snap.listeners[0];
-        self.engine.handle_client(
-            self.now,
-            &self.snap,
-            ListenerRef {
+        let arrival = Arrival {
+            now: self.now,
+            snap: &self.snap,
+            listener: ListenerRef {
                 id: ListenerId(1),
-                spec,
+                spec: &self.snap.listeners[0],
             },
-            from,
-            data,
-            &mut self.out,
-        )
+            client: from,
+            kind: ArrivalKind::Straight,
+        };
+        self.engine.handle_client(arrival, data, &mut self.out)
     }
 
     /// Handles a request and completes an allocation if it asks for one; the reply length.
@@ -127,14 +127,15 @@ fn channel_data(c: &mut Criterion) {
     let mut buf = vec![0u8; PEER_HEADROOM + 100];
     group.bench_function("peer_to_client_channeldata_100B", |bencher| {
         bencher.iter(|| {
-            let action = b.engine.handle_peer(
-                b.now,
-                &b.snap,
-                RelayId(0),
+            let arrival = PeerArrival {
+                now: b.now,
+                snap: &b.snap,
+                relay: RelayId(0),
                 peer,
-                black_box(&mut buf),
-                &mut b.out,
-            );
+            };
+            let action = b
+                .engine
+                .handle_peer(arrival, black_box(&mut buf), &mut b.out);
             assert!(matches!(action, PeerAction::ToClient { .. }));
             black_box(action)
         })

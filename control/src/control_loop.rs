@@ -2,15 +2,14 @@
 //! changes, DNS answers), then publishes at most one snapshot, keeps the tasks and the admin
 //! servers in step with the state, and writes the status board.
 
-use crate::admin::{AdminServers, HealthSource};
+use crate::admin::{AdminServers, HealthSource, MetricsSource};
 use crate::discovery::dns::DnsUpdate;
 use crate::discovery::kubernetes::ServiceUpdate;
 use crate::outbox::Outbox;
 use crate::state::{ControlState, Skipped};
 use crate::status::StatusBoard;
 use crate::supervisor::Supervisor;
-use crate::MetricsSource;
-use crate::{ConfigCheck, ControlConfig};
+use crate::{ControlConfig, DataplaneHandle};
 use std::sync::Arc;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use uturn_shared::config::StunnerConfig;
@@ -70,17 +69,23 @@ pub(crate) async fn run(
         config.kube,
     );
     let health: Arc<dyn HealthSource> = board.clone();
-    let metrics: MetricsSource = config.metrics;
+    let dataplane = config.dataplane;
+    let metrics: MetricsSource = {
+        let dataplane = dataplane.clone();
+        Arc::new(move |recorder: &dyn metrics::Recorder| dataplane.record_metrics(recorder))
+    };
     admin.commit(&health, &metrics);
     // Discovery fills in KUBERNETES and STRICT_DNS clusters of the initial config as it lands.
     loop {
         supervisor.sync(&state);
-        for (service, why) in state.handle_timeout(std::time::Instant::now()) {
+        for expired in state.handle_timeout(std::time::Instant::now()) {
             tracing::warn!(
                 target: "k8s",
-                "Service {service} not synced within --discovery-timeout ({:?}): {why}; \
+                "Service {} not synced within --discovery-timeout ({:?}): {}; \
                  ready without its endpoints, which peers get once they are listed",
-                state.discovery_timeout()
+                expired.service,
+                state.discovery_timeout(),
+                expired.why
             );
         }
         board.update(&state);
@@ -97,15 +102,10 @@ pub(crate) async fn run(
             match event {
                 Event::Config(new) => {
                     let mut new = *new;
-                    (config.rewrite)(&mut new);
-                    apply_config(
-                        &mut state,
-                        &mut admin,
-                        new,
-                        &config.check,
-                        &*config.on_config,
-                    )
-                    .await;
+                    if let Some(license) = &config.license {
+                        license.apply(&mut new);
+                    }
+                    apply_config(&mut state, &mut admin, new, &*dataplane).await;
                     admin.commit(&health, &metrics);
                 }
                 Event::Service(ServiceUpdate { service, change }) => {
@@ -126,14 +126,16 @@ pub(crate) async fn run(
     }
 }
 
+/// Applies `new` if the dataplane can run it and its admin servers can listen: the state takes
+/// it, the log says what changed (and what works otherwise than one may expect), and the
+/// dataplane hears of it.
 async fn apply_config(
     state: &mut ControlState,
     admin: &mut AdminServers,
     new: StunnerConfig,
-    check: &ConfigCheck,
-    on_config: &dyn Fn(&StunnerConfig),
+    dataplane: &dyn DataplaneHandle,
 ) {
-    if let Err(e) = check(state.config(), &new) {
+    if let Err(e) = dataplane.check(state.config(), &new) {
         tracing::error!(target: "stunner", "config rejected: {e}; the running config stays");
         return;
     }
@@ -154,16 +156,13 @@ async fn apply_config(
                 summary.started,
                 summary.restarted
             );
-            if state.config().listeners.is_empty() {
-                tracing::warn!(target: "stunner", "Running with no listeners: gateway unreachable");
-            }
-            if state.config().clusters.is_empty() {
-                tracing::warn!(target: "stunner", "Running with no clusters: TURN forwarding to peers not permitted");
+            for warning in state.config().empty_warnings() {
+                tracing::warn!(target: "stunner", "{warning}");
             }
             for warning in state.config().warnings() {
                 tracing::warn!(target: "stunner", "{warning}");
             }
-            on_config(state.config());
+            dataplane.config_applied(state.config());
         }
         Err(skipped) => {
             admin.rollback();

@@ -13,17 +13,22 @@
 //!   the metrics scrape.
 //!
 //! Tasks report through an `Outbox` of their own output type, so none of them names the loop's
-//! event type.
+//! event type. The dataplane is one [`DataplaneHandle`], which the binary implements.
 #![deny(missing_docs)]
 
 mod admin;
 mod control_loop;
 pub mod discovery;
+mod handle;
+mod license;
 pub mod origin;
 mod outbox;
 pub mod state;
 mod status;
 mod supervisor;
+
+pub use handle::{DataplaneHandle, StatusSection};
+pub use license::License;
 
 /// The Kubernetes client options, at the path the binary imports them from.
 pub use discovery::kubernetes;
@@ -79,45 +84,19 @@ pub struct ControlConfig {
     pub snapshot: SnapshotHandle,
     /// How to reach the Kubernetes API server (KUBERNETES clusters).
     pub kube: KubeOptions,
-    /// Live allocations over all shards (for `/status`).
-    pub allocations: Arc<dyn Fn() -> u64 + Send + Sync>,
-    /// Live allocations by listener name, over all shards (a v2 config's `/status` counts a
-    /// server's `sessions` from them).
-    pub listener_allocations: ListenerAllocations,
-    /// Applied to every config received, before it is checked (e.g. `--license`).
-    pub rewrite: Box<dyn Fn(&mut StunnerConfig) + Send>,
-    /// Called after each applied config (e.g. to apply `admin.loglevel`).
-    pub on_config: Box<dyn Fn(&StunnerConfig) + Send>,
-    /// Records the dataplane's metrics for a scrape (the control plane renders them).
-    pub metrics: MetricsSource,
-    /// `--force-ready-status`: `/ready` answers 200 always, also while draining.
-    pub force_ready: bool,
-    /// Adds what the dataplane reports (the kernel offload) to each `/status` body.
-    pub dataplane_status: DataplaneStatus,
     /// `--discovery-timeout`: how long `/ready` waits for the first full EndpointSlice list of
     /// each Service a KUBERNETES cluster names (zero: not at all, as stunnerd).
     pub discovery_timeout: Duration,
     /// Where the pod's siblings come from (second-chance forwarding).
     pub siblings: state::Siblings,
-    /// Checks a new config (second argument) against what the dataplane can run, given the
-    /// running one (first): TLS material that loads, ports no one else holds. An error rejects
-    /// the config with that message, and the running config stays.
-    pub check: ConfigCheck,
+    /// `--force-ready-status`: `/ready` answers 200 always, also while draining.
+    pub force_ready: bool,
+    /// `--license`: set in every config received, before it is checked.
+    pub license: Option<License>,
+    /// The dataplane: its allocations, its check of each config, its metrics and its `/status`
+    /// sections.
+    pub dataplane: Arc<dyn DataplaneHandle>,
 }
-
-/// Records the dataplane's metrics into the given recorder at each scrape; the metrics
-/// server renders what was recorded as Prometheus text.
-pub type MetricsSource = Arc<dyn Fn(&dyn metrics::Recorder) + Send + Sync>;
-
-/// See [`ControlConfig::dataplane_status`].
-pub type DataplaneStatus =
-    Arc<dyn Fn(&mut serde_json::Map<String, serde_json::Value>) + Send + Sync>;
-
-/// See [`ControlConfig::listener_allocations`].
-pub type ListenerAllocations = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
-
-/// See [`ControlConfig::check`].
-pub type ConfigCheck = Box<dyn Fn(&StunnerConfig, &StunnerConfig) -> Result<(), String> + Send>;
 
 /// The running control thread.
 pub struct Control {
@@ -134,10 +113,8 @@ impl Control {
         let watching = !matches!(config.source, Source::Fixed);
         let admin = AdminServers::open(&config.initial, watching).map_err(std::io::Error::other)?;
         let status = Arc::new(StatusBoard::new(
-            config.allocations.clone(),
-            config.listener_allocations.clone(),
+            config.dataplane.clone(),
             config.force_ready,
-            config.dataplane_status.clone(),
         ));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

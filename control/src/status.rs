@@ -1,8 +1,12 @@
 //! What `/ready` and `/status` show: the control loop writes a view of its state after every
-//! batch, and the health server reads it.
+//! batch, and the health server reads it. Each section comes from the part that owns it: the
+//! running config and its servers from here, discovery from [`crate::discovery::status`], the
+//! allocations and the dataplane's own sections (the kernel offload, the siblings) through the
+//! [`DataplaneHandle`].
 
 use crate::admin::HealthSource;
 use crate::state::ControlState;
+use crate::DataplaneHandle;
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use uturn_shared::config::StunnerConfig;
@@ -30,10 +34,8 @@ struct ServerView {
 /// The status the health server answers with, shared between the control loop, the health
 /// server and [`crate::Control`].
 pub(crate) struct StatusBoard {
-    allocations: Arc<dyn Fn() -> u64 + Send + Sync>,
-    listener_allocations: crate::ListenerAllocations,
+    dataplane: Arc<dyn DataplaneHandle>,
     force_ready: bool,
-    dataplane: crate::DataplaneStatus,
     view: Mutex<StatusView>,
 }
 
@@ -65,6 +67,49 @@ pub fn redacted(config: &StunnerConfig) -> Value {
     doc
 }
 
+/// The running config's document in the shape of STUNner's `StunnerStatus` (what
+/// `stunnerctl status` decodes, `{.admin.quota}` and all): the admin section as STUNner's
+/// `AdminStatus` (`quota`, `offload` as `ENGINE[interfaces]`, `licensing_info`; the config's
+/// `user_quota`, `offload_engine`, `offload_interfaces` and `license_config` are not shown),
+/// listeners and clusters sorted by name, each with STUNner's `stats` (its offload engine's
+/// counters, which its open-source build leaves at zero, as uturn does: uturn's offloaded
+/// traffic is in the metrics, `uturn_offloaded_packets_total`).
+fn stunner_shape(doc: &mut serde_json::Map<String, Value>) {
+    if let Some(admin) = doc.get_mut("admin").and_then(Value::as_object_mut) {
+        let quota = admin
+            .remove("user_quota")
+            .and_then(|q| q.as_i64())
+            .unwrap_or(0);
+        let engine = admin
+            .remove("offload_engine")
+            .and_then(|e| e.as_str().map(str::to_owned))
+            .filter(|e| !e.is_empty())
+            .unwrap_or_else(|| "None".to_owned());
+        let interfaces: Vec<String> = admin
+            .remove("offload_interfaces")
+            .and_then(|i| serde_json::from_value(i).ok())
+            .unwrap_or_default();
+        let interfaces = if engine == "None" || interfaces.is_empty() {
+            "all".to_owned()
+        } else {
+            interfaces.join(",")
+        };
+        admin.remove("license_config");
+        admin.insert("quota".into(), json!(quota.to_string()));
+        admin.insert("offload".into(), json!(format!("{engine}[{interfaces}]")));
+        admin.insert("licensing_info".into(), json!("{tier:free}"));
+    }
+    let zero = json!({"pkts": 0, "bytes": 0, "timestamp": 0});
+    for kind in ["listeners", "clusters"] {
+        if let Some(items) = doc.get_mut(kind).and_then(Value::as_array_mut) {
+            items.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+            for item in items.iter_mut().filter_map(Value::as_object_mut) {
+                item.insert("stats".into(), json!({"rx": zero, "tx": zero}));
+            }
+        }
+    }
+}
+
 impl HealthSource for StatusBoard {
     fn ready(&self) -> bool {
         self.force_ready || self.view.lock().is_ok_and(|v| v.ready && !v.draining)
@@ -79,12 +124,12 @@ impl HealthSource for StatusBoard {
             _ => serde_json::Map::new(),
         };
         if let Some(servers) = &view.servers {
-            let by_listener = (self.listener_allocations)();
+            let by_listener = self.dataplane.listener_allocations();
             let sessions = |listeners: &[String]| -> u64 {
                 by_listener
                     .iter()
-                    .filter(|(name, _)| listeners.contains(name))
-                    .map(|(_, n)| n)
+                    .filter(|counted| listeners.contains(&counted.listener))
+                    .map(|counted| counted.allocations)
                     .sum()
             };
             let servers: Vec<Value> = servers
@@ -100,7 +145,11 @@ impl HealthSource for StatusBoard {
                 .collect();
             doc.insert("servers".into(), Value::Array(servers));
         }
-        doc.insert("allocationCount".into(), json!((self.allocations)()));
+        stunner_shape(&mut doc);
+        doc.insert(
+            "allocationCount".into(),
+            json!(self.dataplane.allocations()),
+        );
         let status = if view.draining {
             "TERMINATING"
         } else if view.ready {
@@ -110,25 +159,20 @@ impl HealthSource for StatusBoard {
         };
         doc.insert("status".into(), json!(status));
         doc.insert("discovery".into(), view.discovery.clone());
-        (self.dataplane)(&mut doc);
+        for section in self.dataplane.status_sections() {
+            doc.insert(section.key.into(), section.value);
+        }
         Value::Object(doc).to_string()
     }
 }
 
 impl StatusBoard {
-    /// A board that counts `allocations` for `/status`; with `force_ready`, `/ready` answers
-    /// 200 always (`--force-ready-status`).
-    pub(crate) fn new(
-        allocations: Arc<dyn Fn() -> u64 + Send + Sync>,
-        listener_allocations: crate::ListenerAllocations,
-        force_ready: bool,
-        dataplane: crate::DataplaneStatus,
-    ) -> StatusBoard {
+    /// A board that asks `dataplane` for its allocations and sections at each `/status`; with
+    /// `force_ready`, `/ready` answers 200 always (`--force-ready-status`).
+    pub(crate) fn new(dataplane: Arc<dyn DataplaneHandle>, force_ready: bool) -> StatusBoard {
         StatusBoard {
-            allocations,
-            listener_allocations,
-            force_ready,
             dataplane,
+            force_ready,
             view: Mutex::new(StatusView::default()),
         }
     }
@@ -140,32 +184,8 @@ impl StatusBoard {
         }
     }
 
-    /// Shows `state`: the redacted config, readiness and what discovery knows.
+    /// Shows `state`: the redacted config, its servers, readiness and what discovery knows.
     pub(crate) fn update(&self, state: &ControlState) {
-        let services: Vec<Value> = state
-            .services()
-            .iter()
-            .map(|(key, s)| {
-                json!({
-                    "service": key,
-                    "addresses": s.addresses(),
-                    "terminating": s.terminating(),
-                    "clusterIPs": s.cluster_ips,
-                    "slices": s.slices.len(),
-                    "synced": s.synced,
-                    "syncTimedOut": s.sync_timed_out,
-                    "api": match &s.api_error {
-                        None => "connected".to_string(),
-                        Some(e) => format!("unreachable, keeping last known endpoints: {e}"),
-                    },
-                })
-            })
-            .collect();
-        let dns: Vec<Value> = state
-            .dns_names()
-            .iter()
-            .map(|(host, ips)| json!({"hostname": host, "addresses": ips}))
-            .collect();
         let config = state.config();
         let servers = config.v1.is_none().then(|| {
             config
@@ -188,12 +208,7 @@ impl StatusBoard {
             view.config = redacted(config);
             view.servers = servers;
             view.ready = state.ready();
-            view.discovery = json!({
-                "kubernetes": services,
-                "dns": dns,
-                "readyWaitsFor": state.waiting_for(),
-                "timeoutSeconds": state.discovery_timeout().as_secs_f64(),
-            });
+            view.discovery = crate::discovery::status(state);
         }
     }
 }

@@ -18,8 +18,8 @@ use turn_types::attribute::{
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRESH, SEND};
 use turn_types::AddressFamily;
 use uturn_dataplane::proto::{
-    BoundRelays, ClientAction, DropReason, EngineConfig, Family, ListenerId, ListenerRef,
-    PeerAction, RelayBindError, RelayId, RelayRequest,
+    Arrival, ArrivalKind, BoundRelays, ClientAction, DropReason, EngineConfig, Family, ListenerId,
+    ListenerRef, OffloadPermission, PeerAction, RelayBindError, RelayId, RelayRequest,
 };
 use uturn_shared::auth::{ephemeral_password, ephemeral_username};
 use uturn_shared::config::parse_config;
@@ -130,17 +130,17 @@ fn challenges_to_one_source_ip_are_rate_limited_on_streams_and_dtls_too() {
         let from: SocketAddr = format!("192.0.2.{}:40000", 50 + i).parse().unwrap();
         let outcomes: Vec<ClientAction> = (0..20)
             .map(|_| {
-                h.engine.handle_client(
-                    h.now,
-                    &h.snap,
-                    ListenerRef {
+                let arrival = Arrival {
+                    now: h.now,
+                    snap: &h.snap,
+                    listener: ListenerRef {
                         id: ListenerId(2 + i as u32),
                         spec: &spec,
                     },
-                    from,
-                    &req,
-                    &mut h.out,
-                )
+                    client: from,
+                    kind: ArrivalKind::Straight,
+                };
+                h.engine.handle_client(arrival, &req, &mut h.out)
             })
             .collect();
         let replies = outcomes
@@ -1229,17 +1229,17 @@ fn every_reply_to_an_unauthenticated_request_is_at_most_3x_its_size() {
                     let Some(request) = sized_request(kind, size, creds) else {
                         continue;
                     };
-                    let action = h.engine.handle_client(
-                        h.now,
-                        &h.snap,
-                        ListenerRef {
+                    let arrival = Arrival {
+                        now: h.now,
+                        snap: &h.snap,
+                        listener: ListenerRef {
                             id: ListenerId(1),
                             spec: &spec,
                         },
-                        from.parse().unwrap(),
-                        &request,
-                        &mut h.out,
-                    );
+                        client: from.parse().unwrap(),
+                        kind: ArrivalKind::Straight,
+                    };
+                    let action = h.engine.handle_client(arrival, &request, &mut h.out);
                     let case = format!("{kind}, {size} bytes, from {from} over {protocol:?}");
                     match action {
                         ClientAction::Reply(n) => {
@@ -1428,13 +1428,16 @@ fn accounting_invariants_hold_after_any_sequence_of_operations() {
     );
 }
 
-/// With a kernel offload, the engine reports every allocation a request touched, and says which
-/// of its channels the kernel may relay until when: the first of the channel's, its
-/// permission's and the allocation's ends. Past that instant, or once the peer is no longer
-/// admitted, the channel is not offloadable (the kernel program checks the same instant per
-/// packet; `stunnerd/tests/offload.rs` shows it on the wire).
+/// With a kernel offload, the engine reports what each request changed, at the grain the shell
+/// can carry out in proportion to it (a ChannelBind: that channel, and its peer's permission;
+/// a CreatePermission: the permissions; a Refresh: the allocation's deadline), and says which of
+/// its channels the kernel may relay until when: the first of the channel's and its
+/// permission's ends, the allocation's own end being its deadline. Past that instant, or once
+/// the peer is no longer admitted, the channel is not offloadable (the kernel program checks
+/// the same instants per packet; `stunnerd/tests/offload.rs` shows it on the wire).
 #[test]
 fn offloadable_channels_end_with_the_first_of_channel_permission_and_allocation() {
+    use uturn_dataplane::proto::OffloadChange;
     let mut h = Harness::new(STATIC_AUTH);
     h.engine.enable_offload();
     let t0 = h.now;
@@ -1447,36 +1450,66 @@ fn offloadable_channels_end_with_the_first_of_channel_permission_and_allocation(
     );
     let reply = c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4000, PEER));
     assert_eq!(reply.class(), MessageClass::Success);
-    let relay = h
-        .engine
-        .poll_offload()
-        .expect("the ChannelBind is reported");
+    let Some(OffloadChange::Channel(relay, 0x4000)) = h.engine.poll_offload() else {
+        panic!("the ChannelBind's channel is reported first")
+    };
+    let peer: std::net::SocketAddr = PEER.parse().unwrap();
+    let permission = OffloadChange::Permission(relay, peer.ip());
+    assert_eq!(h.engine.poll_offload(), Some(permission));
     assert_eq!(h.engine.poll_offload(), None);
+    let snap = h.snap.clone();
+    let channel = h.engine.offload_channel(relay, 0x4000, &snap, h.now);
     let offloadable = |h: &mut Harness| h.engine.offload_channels(relay, &h.snap.clone(), h.now);
     let channels = offloadable(&mut h);
+    assert_eq!(channel.as_ref(), channels.first());
     assert_eq!(channels.len(), 1);
     assert_eq!(channels[0].number, 0x4000);
-    assert_eq!(channels[0].peer, PEER.parse().unwrap());
-    // Permission 300 s, channel and allocation 600 s: the permission ends first.
-    assert_eq!(channels[0].expires_at, secs(300));
-    // A CreatePermission at 200 s: the permission now ends at 500 s, still the first.
+    assert_eq!(channels[0].peer, peer);
+    // Channel 600 s, permission 300 s, allocation 600 s (its deadline), each apart.
+    assert_eq!(channels[0].expires_at, secs(600));
+    assert_eq!(channels[0].permission_expires_at, secs(300));
+    assert_eq!(h.engine.offload_deadline(relay), Some(secs(600)));
+    assert_eq!(
+        h.engine.offload_permission(relay, peer.ip(), h.now),
+        Some(OffloadPermission {
+            expires_at: secs(300),
+            bound_channels: 1
+        })
+    );
+    // A CreatePermission at 200 s: the permission now ends at 500 s; one change, its own.
     h.advance(200);
     c.call(&mut h, CREATE_PERMISSION, &peer_attr(PEER));
-    assert_eq!(h.engine.poll_offload(), Some(relay));
-    assert_eq!(offloadable(&mut h)[0].expires_at, secs(500));
+    assert_eq!(h.engine.poll_offload(), Some(permission));
+    assert_eq!(h.engine.poll_offload(), None);
+    assert_eq!(offloadable(&mut h)[0].permission_expires_at, secs(500));
     // Permission expiry: at 500 s nothing is offloadable any more.
     h.advance(300);
     assert!(
         offloadable(&mut h).is_empty(),
         "offloadable past its permission"
     );
-    // A new permission (until 800 s) and a longer allocation (Refresh: until 1 100 s): the
-    // channel, bound at 0 s, ends first, at 600 s.
+    // A new permission (until 800 s) and a longer allocation (Refresh: until 1 100 s, one
+    // deadline change): the channel, bound at 0 s, ends first, at 600 s.
     c.call(&mut h, CREATE_PERMISSION, &peer_attr(PEER));
     c.call(&mut h, REFRESH, &|m: &mut MessageWriteVec, _| {
         m.add_attribute(&Lifetime::new(600)).unwrap();
     });
+    assert_eq!(h.engine.poll_offload(), Some(permission));
+    assert_eq!(
+        h.engine.poll_offload(),
+        Some(OffloadChange::Deadline(relay))
+    );
+    assert_eq!(h.engine.offload_deadline(relay), Some(secs(1_100)));
     assert_eq!(offloadable(&mut h)[0].expires_at, secs(600));
+    assert_eq!(offloadable(&mut h)[0].permission_expires_at, secs(800));
+    // A failed request changes nothing: no report.
+    let reply = c.call(
+        &mut h,
+        CHANNEL_BIND,
+        &channel_attrs(0x4000, "10.9.9.9:5000"),
+    );
+    assert_eq!(reply.class(), MessageClass::Error);
+    assert_eq!(h.engine.poll_offload(), None);
     // Channel expiry: at 600 s the permission lives on, the channel does not.
     h.advance(100);
     assert!(
@@ -1493,7 +1526,7 @@ fn offloadable_channels_end_with_the_first_of_channel_permission_and_allocation(
         &|_| Vec::new(),
     );
     h.engine.recheck_offload();
-    assert_eq!(h.engine.poll_offload(), Some(relay));
+    assert_eq!(h.engine.poll_offload(), Some(OffloadChange::All(relay)));
     assert!(
         offloadable(&mut h).is_empty(),
         "offloadable to a peer no cluster admits"
@@ -1504,6 +1537,51 @@ fn offloadable_channels_end_with_the_first_of_channel_permission_and_allocation(
     });
     assert!(offloadable(&mut h).is_empty());
     assert_eq!(h.engine.poll_close(), Some(relay));
+}
+
+/// An allocation whose client comes through a sibling pod is not offloaded (what goes to the
+/// client must go back through the sibling, which only user space does): when its flow moves
+/// to a sibling, the engine reports the allocation whole and offers none of its channels; when
+/// the flow comes straight again, it reports it again and offers them back.
+#[test]
+fn a_client_reached_through_a_sibling_is_not_offloaded() {
+    use uturn_dataplane::proto::OffloadChange;
+    let mut h = Harness::new(STATIC_AUTH);
+    h.engine.enable_offload();
+    h.engine.set_forward_misses(true);
+    let (mut c, _) = allocate(&mut h);
+    let reply = c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4000, PEER));
+    assert_eq!(reply.class(), MessageClass::Success);
+    let Some(OffloadChange::Channel(relay, _)) = h.engine.poll_offload() else {
+        panic!("the channel is reported")
+    };
+    while h.engine.poll_offload().is_some() {}
+    let offered = |h: &mut Harness| {
+        h.engine
+            .offload_channels(relay, &h.snap.clone(), h.now)
+            .len()
+    };
+    assert_eq!(offered(&mut h), 1);
+    // The flow moves: a ChannelData forwarded by sibling 10.1.0.2.
+    let via: std::net::SocketAddr = "10.1.0.2:13479".parse().unwrap();
+    let data = [0x40, 0x00, 0x00, 0x02, b'h', b'i'];
+    let forwarded = |h: &mut Harness| h.handle_as(CLIENT, &data, ArrivalKind::Forwarded { via });
+    assert!(matches!(forwarded(&mut h), ClientAction::Relay { .. }));
+    assert_eq!(h.engine.poll_offload(), Some(OffloadChange::All(relay)));
+    assert_eq!(
+        offered(&mut h),
+        0,
+        "offloaded while the client is behind a sibling"
+    );
+    let snap = h.snap.clone();
+    assert_eq!(h.engine.offload_channel(relay, 0x4000, &snap, h.now), None);
+    // More forwarded datagrams change nothing more.
+    forwarded(&mut h);
+    assert_eq!(h.engine.poll_offload(), None);
+    // Straight again: reported, and offered back.
+    assert!(matches!(h.send(CLIENT, &data), ClientAction::Relay { .. }));
+    assert_eq!(h.engine.poll_offload(), Some(OffloadChange::All(relay)));
+    assert_eq!(offered(&mut h), 1);
 }
 
 // Dual stack (RFC 8656 with RFC 6156's families): IPv6 relays, dual allocations
@@ -2098,7 +2176,7 @@ fn a_channel_number_rebound_to_another_peer_is_judged_afresh() {
 /// Second-chance forwarding, the engine's part: with misses forwarded, a datagram that needs
 /// an allocation this shard does not hold is a `Miss` (nothing answered or counted) — a
 /// request before authentication, since the nonce it carries is the owner's; an Allocate and a
-/// Binding are served as always; `handle_client_local` gives today's answer. On the owner, a
+/// Binding are served as always; arrived `AnsweredLocally`, today's answer. On the owner, a
 /// forwarded datagram is handled as if it came straight, and what goes to the client then goes
 /// back through the sibling it came through, until the client's flow comes straight again.
 #[test]
@@ -2148,22 +2226,8 @@ fn misses_are_handed_to_the_shell_and_forwarded_datagrams_answer_through_their_s
         MessageClass::Success
     );
     // Today's answer for a miss no sibling owns: a counted drop, a 437 once authenticated.
-    let spec = h.snap.listeners[0].clone();
-    let listener = ListenerRef {
-        id: ListenerId(1),
-        spec: &spec,
-    };
-    let local = |h: &mut Harness, data: &[u8]| {
-        let (now, snap) = (h.now, h.snap.clone());
-        h.engine.handle_client_local(
-            now,
-            &snap,
-            listener,
-            elsewhere.parse().unwrap(),
-            data,
-            &mut h.out,
-        )
-    };
+    let local =
+        |h: &mut Harness, data: &[u8]| h.handle_as(elsewhere, data, ArrivalKind::AnsweredLocally);
     assert_eq!(
         local(&mut h, &channel_data),
         ClientAction::Drop(DropReason::NoAllocation)
@@ -2176,21 +2240,16 @@ fn misses_are_handed_to_the_shell_and_forwarded_datagrams_answer_through_their_s
         bytes: h.out[..n].to_vec(),
     };
     assert_eq!(reply.error_code(), Some(437));
-    assert!(h.engine.holds(ListenerId(1), CLIENT.parse().unwrap()));
-    assert!(!h.engine.holds(ListenerId(1), elsewhere.parse().unwrap()));
+    assert!(h
+        .engine
+        .has_allocation(ListenerId(1), CLIENT.parse().unwrap()));
+    assert!(!h
+        .engine
+        .has_allocation(ListenerId(1), elsewhere.parse().unwrap()));
 
     // The owner: the client's ChannelData forwarded by a sibling is relayed to the peer...
     let forwarded = |h: &mut Harness, data: &[u8]| {
-        let (now, snap) = (h.now, h.snap.clone());
-        h.engine.handle_forwarded(
-            now,
-            &snap,
-            listener,
-            CLIENT.parse().unwrap(),
-            data,
-            &mut h.out,
-            sibling,
-        )
+        h.handle_as(CLIENT, data, ArrivalKind::Forwarded { via: sibling })
     };
     assert!(matches!(
         forwarded(&mut h, &channel_data),

@@ -68,7 +68,7 @@ fn is_free(port: u16) -> bool {
 /// never handed out before by this process.
 ///
 /// # Panics
-/// If every such pair in [`range`] is taken.
+/// If every such pair in the range this process hands out is taken.
 pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let (start, end) = range();

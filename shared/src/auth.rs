@@ -106,7 +106,7 @@ impl Authenticator {
                 let Some((position, expiry)) = parts
                     .iter()
                     .enumerate()
-                    .find_map(|(i, part)| go_atoi(part).map(|ts| (i, ts)))
+                    .find_map(|(i, part)| crate::go::atoi(part).map(|ts| (i, ts)))
                 else {
                     return Err(AuthError::InvalidTimeWindowed(username.to_owned()));
                 };
@@ -129,15 +129,6 @@ impl Authenticator {
             Mode::Disabled => Err(AuthError::TurnDisabled),
         }
     }
-}
-
-/// Go's `strconv.Atoi`: optional sign, then base-10 digits, no overflow.
-fn go_atoi(text: &str) -> Option<i64> {
-    let digits = text.strip_prefix(['+', '-']).unwrap_or(text);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse::<i64>().ok()
 }
 
 /// The TURN REST password of `username`: `base64(HMAC-SHA1(secret, username))`.

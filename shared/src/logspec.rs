@@ -125,6 +125,125 @@ impl LogSpec {
     }
 }
 
+/// The scopes a spec may name: stunnerd's (a spec written for it keeps working, even where
+/// uturn logs nothing under that scope) and `all`; `listener-`, `cluster-` and `relay-` take a
+/// name after them.
+pub const KNOWN_SCOPES: &[&str] = &[
+    "all",
+    "stunnerd",
+    "stunner",
+    "auth",
+    "admin",
+    "turn",
+    "cds-client",
+    "config-file-client",
+    "dns-resolver",
+    "metrics",
+    "license",
+    "cds-fwd",
+    "offload",
+];
+const SCOPE_PREFIXES: &[&str] = &["listener-", "cluster-", "relay-"];
+
+/// What is wrong with one item of a spec (stunnerd skips such items silently).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpecProblem {
+    /// Not `scope:LEVEL`.
+    Malformed(String),
+    /// A level that is none of the six.
+    UnknownLevel {
+        /// The item.
+        item: String,
+        /// The nearest level name, if one is close.
+        nearest: Option<&'static str>,
+    },
+    /// A scope neither stunnerd nor uturn logs under: its level changes nothing.
+    UnknownScope {
+        /// The scope.
+        scope: String,
+        /// The nearest known scope, if one is close.
+        nearest: Option<&'static str>,
+    },
+}
+
+impl SpecProblem {
+    /// Whether the item is skipped (a malformed item or an unknown level), rather than
+    /// applied to a scope that nothing logs under.
+    pub fn is_skipped(&self) -> bool {
+        !matches!(self, SpecProblem::UnknownScope { .. })
+    }
+}
+
+impl fmt::Display for SpecProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let levels = "DISABLE, ERROR, WARN, INFO, DEBUG or TRACE";
+        match self {
+            SpecProblem::Malformed(item) => write!(
+                f,
+                "item {item:?} is not scope:LEVEL: write e.g. all:INFO or all:INFO,stunner:DEBUG"
+            ),
+            SpecProblem::UnknownLevel { item, nearest } => {
+                write!(f, "item {item:?} names no level uturn knows: ")?;
+                match nearest {
+                    Some(level) => write!(f, "did you mean {level}? (levels: {levels})"),
+                    None => write!(f, "use {levels}"),
+                }
+            }
+            SpecProblem::UnknownScope { scope, nearest } => {
+                write!(
+                    f,
+                    "scope {scope:?} is not one stunnerd or uturn logs under: "
+                )?;
+                if let Some(known) = nearest {
+                    write!(f, "did you mean {known}? ")?;
+                }
+                write!(
+                    f,
+                    "(scopes: {}, listener-<name>, cluster-<name>, relay-<name>)",
+                    KNOWN_SCOPES.join(", ")
+                )
+            }
+        }
+    }
+}
+
+/// The problems of each item of `spec`, in order; empty for a spec that is all good.
+pub fn check(spec: &str) -> Vec<SpecProblem> {
+    let mut problems = Vec::new();
+    for item in spec.split(',').filter(|item| !item.trim().is_empty()) {
+        let Some((scope, level)) = item.split_once(':') else {
+            problems.push(SpecProblem::Malformed(item.to_owned()));
+            continue;
+        };
+        let scope = scope.trim();
+        if scope.is_empty() {
+            problems.push(SpecProblem::Malformed(item.to_owned()));
+            continue;
+        }
+        if Level::parse(level.trim()).is_none() {
+            problems.push(SpecProblem::UnknownLevel {
+                item: item.to_owned(),
+                nearest: crate::spelling::nearest(
+                    level.trim(),
+                    Level::ALL.iter().map(|level| level.name()),
+                ),
+            });
+            continue;
+        }
+        let known = KNOWN_SCOPES.iter().any(|k| k.eq_ignore_ascii_case(scope))
+            || SCOPE_PREFIXES
+                .iter()
+                .any(|p| scope.len() > p.len() && scope.starts_with(p));
+        if !known {
+            problems.push(SpecProblem::UnknownScope {
+                scope: scope.to_owned(),
+                nearest: crate::spelling::nearest(scope, KNOWN_SCOPES.iter().copied()),
+            });
+        }
+    }
+    problems
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,6 +360,39 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn check_names_each_skipped_item_and_each_unknown_scope() {
+        assert_eq!(check(""), []);
+        assert_eq!(
+            check("all:INFO,turn:DEBUG,listener-udp:TRACE,stunnerd:warn"),
+            []
+        );
+        let problems = check("all:INFOO,foo,stunerd:DEBUG,:INFO,xyz:ERROR");
+        assert_eq!(
+            problems,
+            [
+                SpecProblem::UnknownLevel {
+                    item: "all:INFOO".into(),
+                    nearest: Some("INFO")
+                },
+                SpecProblem::Malformed("foo".into()),
+                SpecProblem::UnknownScope {
+                    scope: "stunerd".into(),
+                    nearest: Some("stunnerd")
+                },
+                SpecProblem::Malformed(":INFO".into()),
+                SpecProblem::UnknownScope {
+                    scope: "xyz".into(),
+                    nearest: None
+                },
+            ]
+        );
+        assert!(problems[0].is_skipped() && problems[1].is_skipped());
+        assert!(!problems[2].is_skipped());
+        assert!(problems[0].to_string().contains("did you mean INFO?"));
+        assert!(problems[2].to_string().contains("did you mean stunnerd?"));
     }
 
     #[test]

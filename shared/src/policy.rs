@@ -103,6 +103,20 @@ pub enum Scope {
     Global,
 }
 
+impl Scope {
+    /// The scope's name in a sentence: `loopback`, `link-local`, …
+    pub fn name(&self) -> &'static str {
+        match self {
+            Scope::Unspecified => "unspecified",
+            Scope::Loopback => "loopback",
+            Scope::LinkLocal => "link-local",
+            Scope::Multicast => "multicast",
+            Scope::Broadcast => "broadcast",
+            Scope::Global => "global",
+        }
+    }
+}
+
 /// The special-scope range holding canonical `ip`, with its scope.
 fn special_range(ip: IpAddr) -> Option<(IpAddr, u8, Scope)> {
     let v4 = |a, b, c, d, len, scope| Some((IpAddr::V4(Ipv4Addr::new(a, b, c, d)), len, scope));

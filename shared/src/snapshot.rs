@@ -465,6 +465,47 @@ impl Snapshot {
         self.admitting(route, peer.ip(), Some(peer.port()))
     }
 
+    /// Why `ip` is refused to a client of `route` when the cause is not plainly "no routed
+    /// endpoint contains it": the route reaches no cluster, or the address is one only an
+    /// explicit endpoint admits (the gateway's own, a special scope, a tunnel through a refused
+    /// IPv4 address). For the denial log, never the packet path.
+    pub fn refusal_reason(&self, route: Option<&Route>, ip: IpAddr) -> Option<String> {
+        let canonical = crate::policy::canonical_peer(ip);
+        let route = match route {
+            Some(route) if !route.clusters.is_empty() => route,
+            _ => {
+                return Some(
+                    "this listener's server routes to no cluster the config has (check the \
+                     names in its routes or clusters)"
+                        .to_owned(),
+                )
+            }
+        };
+        if let Some(via) = crate::policy::tunnel_ipv4(canonical) {
+            if !self.permits_ip(route, IpAddr::V4(via)) {
+                return Some(format!(
+                    "{ip} travels through {via}, which is refused: {}",
+                    self.refusal_reason(Some(route), IpAddr::V4(via))
+                        .unwrap_or_else(|| "no routed endpoint contains it".to_owned())
+                ));
+            }
+        }
+        if self.own_ips.contains(&canonical) {
+            return Some(format!(
+                "{canonical} is an address of this gateway (its host's or a relay address): only \
+                 an endpoint naming exactly {canonical} admits it, never a range"
+            ));
+        }
+        match crate::policy::scope(canonical) {
+            crate::policy::Scope::Global => None,
+            scope => Some(format!(
+                "{canonical} is a {} address: only an endpoint inside that scope admits it \
+                 (such as {canonical} itself), never 0.0.0.0/0 or ::/0",
+                scope.name()
+            )),
+        }
+    }
+
     fn admitting(&self, route: &Route, ip: IpAddr, port: Option<u16>) -> Option<ClusterId> {
         let ip = crate::policy::canonical_peer(ip);
         let port = port.filter(|_| self.enforce_ports);

@@ -18,7 +18,7 @@ fn with_env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
 }
 
 /// The v1 document as validated (the model's conversion is tested in `v2_config.rs`).
-fn parse(text: &str) -> Result<v1::StunnerConfig, ConfigError> {
+fn parse(text: &str) -> Result<v1::StunnerDocument, ConfigError> {
     v1::parse_config_with_env(text, &no_env)
 }
 
@@ -28,7 +28,7 @@ fn model(text: &str) -> StunnerConfig {
         .unwrap_or_else(|e| panic!("config should parse: {e}\n{text}"))
 }
 
-fn parse_ok(text: &str) -> v1::StunnerConfig {
+fn parse_ok(text: &str) -> v1::StunnerDocument {
     match parse(text) {
         Ok(config) => config,
         Err(e) => panic!("config should parse: {e}\n{text}"),
@@ -297,6 +297,74 @@ listeners:
     );
     assert_eq!(config.listeners[0].address, "0.0.0.0");
     assert_eq!(config.listeners[0].port, 3478);
+}
+
+/// What a typo does in a config that still runs: each is a warning naming the key or value,
+/// where it is, and the fix (the running config is not refused: stunnerd runs these too).
+#[test]
+fn typos_that_still_run_are_warned_about_with_their_fix() {
+    let config = model(
+        r#"
+version: v1
+admin: {loglevel: "all:INFOO,stunerd:DEBUG"}
+auth: {credentials: {username: u, password: p}}
+listeners:
+  - {name: l, protcol: TURN-TCP, adress: 10.0.0.1, port: 0, routes: [media, medai-server]}
+clusters:
+  - {name: media-server, endpoints: [10.0.0.0/8]}
+"#,
+    );
+    // The typo is ignored, as stunnerd ignores it: a UDP listener on 3478 that advertises
+    // 0.0.0.0.
+    assert_eq!(config.listeners[0].protocol, Transport::Udp);
+    assert_eq!(config.listeners[0].port, 3478);
+    let warnings = config.warnings_with_env(&no_env);
+    let find = |needle: &str| {
+        warnings
+            .iter()
+            .find(|w| w.contains(needle))
+            .unwrap_or_else(|| panic!("no warning with {needle:?}: {warnings:#?}"))
+    };
+    assert!(find("\"listeners[0].protcol\"").contains("did you mean \"protocol\"?"));
+    assert!(find("\"listeners[0].adress\"").contains("did you mean \"address\"?"));
+    assert!(find("listeners[0].port is 0").contains("leave the key out for 3478"));
+    assert!(find("route \"media\"").contains("add a cluster named \"media\""));
+    assert!(find("route \"medai-server\"").contains("did you mean \"media-server\"?"));
+    assert!(find("all:INFOO").contains("did you mean INFO?"));
+    assert!(find("\"stunerd\"").contains("did you mean stunnerd?"));
+    assert!(find("no relay address is configured").contains("STUNNER_ADDR"));
+    assert_eq!(warnings.len(), 8, "{warnings:#?}");
+    // STUNNER_ADDR gives the relay address: that warning goes.
+    let with_addr = config.warnings_with_env(&with_env(&[("STUNNER_ADDR", "10.1.2.3")]));
+    assert_eq!(with_addr.len(), 7, "{with_addr:#?}");
+
+    // v2: a server's cluster and a listener's server that do not exist.
+    let v2 = model(
+        r#"
+version: v2
+auth: {credentials: {username: u, password: p}}
+listeners: [{name: l, servers: [s, t]}]
+servers: [{name: s, clusters: [c, d]}]
+clusters: [{name: c, protocol: UDP, endpoints: [10.0.0.0/8], addresses: [10.0.0.1]}]
+"#,
+    );
+    let warnings = v2.warnings_with_env(&no_env);
+    assert_eq!(warnings.len(), 2, "{warnings:#?}");
+    assert!(
+        warnings[0].contains("server \"t\" is not in servers (s)"),
+        "{warnings:#?}"
+    );
+    assert!(
+        warnings[1].contains("servers[0] \"s\": cluster \"d\" names no cluster of the config (c)"),
+        "{warnings:#?}"
+    );
+
+    // A clean config has none.
+    let clean = model(&json_with(
+        r#""listeners": [{"name": "l", "address": "10.0.0.1", "routes": ["c"]}],
+           "clusters": [{"name": "c", "endpoints": ["10.0.0.0/8"]}]"#,
+    ));
+    assert_eq!(clean.warnings_with_env(&no_env), Vec::<String>::new());
 }
 
 #[test]
@@ -968,20 +1036,25 @@ fn turn_uri_builds_the_default_config() {
     assert_eq!(listener.address, "127.0.0.1");
     assert_eq!(listener.port, 3478);
     assert_eq!(listener.routes, ["allow-any"]);
-    // The model: the listener binds every address, its server relays through allow-any,
-    // which advertises the URI host.
+    // The model: the listener binds the URI host (an address of this machine), its server
+    // relays through allow-any, which advertises the URI host and, the host being loopback,
+    // admits exactly it as a peer.
     assert_eq!(config.listeners[0].protocol, Transport::Udp);
-    assert_eq!(config.listeners[0].address, "");
+    assert_eq!(config.listeners[0].address, "127.0.0.1");
     assert_eq!(config.listeners[0].servers, ["default-listener"]);
     assert_eq!(config.servers[0].clusters, ["allow-any"]);
     assert_eq!(config.clusters[0].addresses, ["127.0.0.1"]);
     let cluster = &config.clusters[0];
     assert_eq!(cluster.name, "allow-any");
     assert_eq!(cluster.cluster_type, ClusterType::Static);
-    assert_eq!(cluster.endpoints, ["0.0.0.0/0"]);
+    assert_eq!(cluster.endpoints, ["0.0.0.0/0", "127.0.0.1"]);
     assert!(!config.is_zero());
 
+    // A host that is not this machine's (a public address behind NAT) binds every address
+    // and admits no loopback peer, as stunnerd.
     let tls = StunnerConfig::from_turn_uri("turns://u:p@10.0.0.1?transport=tcp").unwrap();
+    assert_eq!(tls.listeners[0].address, "");
+    assert_eq!(tls.clusters[0].endpoints, ["0.0.0.0/0"]);
     assert_eq!(tls.listeners[0].protocol, Transport::Tls);
     assert_eq!(tls.listeners[0].port, 443);
     assert!(
@@ -991,6 +1064,13 @@ fn turn_uri_builds_the_default_config() {
 
     let local = StunnerConfig::from_turn_uri("turn://u:p@localhost").unwrap();
     assert_eq!(local.clusters[0].addresses, ["127.0.0.1"]);
+    assert_eq!(local.listeners[0].address, "127.0.0.1");
+    let v6 = StunnerConfig::from_turn_uri("turn://u:p@[::1]:3478").unwrap();
+    assert_eq!(v6.listeners[0].address, "::1");
+    assert_eq!(v6.clusters[0].endpoints, ["0.0.0.0/0", "::1"]);
+    let any = StunnerConfig::from_turn_uri("turn://u:p@0.0.0.0").unwrap();
+    assert_eq!(any.listeners[0].address, "");
+    assert_eq!(any.clusters[0].endpoints, ["0.0.0.0/0"]);
 
     let e = StunnerConfig::from_turn_uri("turn://u:secret@example.com:3478").unwrap_err();
     assert_eq!(e.field, "TURN-URI");

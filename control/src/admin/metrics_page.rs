@@ -2,7 +2,7 @@
 //! recorder this page owns, the Prometheus exporter renders them, and the process's metrics
 //! follow ([`super::process_metrics`]).
 
-use crate::MetricsSource;
+use super::MetricsSource;
 use metrics::{
     Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString, Unit,
 };

@@ -9,13 +9,16 @@ mod process_metrics;
 mod routes;
 mod server;
 
-use crate::MetricsSource;
 use metrics_page::MetricsPage;
 use server::Handler;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 use uturn_shared::config::{parse_http_endpoint, HttpEndpoint, StunnerConfig};
+
+/// Records the dataplane's metrics into the given recorder at each scrape; the metrics server
+/// renders what was recorded as Prometheus text.
+pub(crate) type MetricsSource = Arc<dyn Fn(&dyn metrics::Recorder) + Send + Sync>;
 
 /// What the health server reports; filled in by the control loop.
 pub(crate) trait HealthSource: Send + Sync {

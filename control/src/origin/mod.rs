@@ -1,6 +1,6 @@
 //! Config origins as stunnerd names them: which one a `-c` value means, the one-shot load, and
-//! the watchers that follow a file ([`file`]) or a config discovery server ([`cds`]) and send
-//! every new valid config.
+//! the watchers that follow a file ([`file`](mod@file)) or a config discovery server
+//! ([`cds`]) and send every new valid config.
 
 pub mod cds;
 pub mod cds_message;

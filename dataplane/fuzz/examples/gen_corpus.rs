@@ -17,6 +17,7 @@ fn run(target: &str, data: &[u8]) {
         "framer" => uturn_fuzz::framer::run(data),
         "config" => uturn_fuzz::config::run(data),
         "peer_policy" => uturn_fuzz::peer_policy::run(data),
+        "sibling" => uturn_fuzz::sibling::run(data),
         other => panic!("unknown target {other}"),
     }
 }

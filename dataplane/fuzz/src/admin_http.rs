@@ -58,7 +58,11 @@ pub fn run(data: &[u8]) {
     };
     check(&health, expected, &path);
     assert_eq!(asked_ready.get(), usize::from(path == "/ready"), "{path:?}");
-    assert_eq!(asked_status.get(), usize::from(path == "/status"), "{path:?}");
+    assert_eq!(
+        asked_status.get(),
+        usize::from(path == "/status"),
+        "{path:?}"
+    );
 
     let rendered = Cell::new(0);
     let metrics = metrics_route(&path, &metrics_path, || {
@@ -71,7 +75,11 @@ pub fn run(data: &[u8]) {
         not_found()
     };
     check(&metrics, expected, &path);
-    assert_eq!(rendered.get(), usize::from(path == metrics_path), "{path:?}");
+    assert_eq!(
+        rendered.get(),
+        usize::from(path == metrics_path),
+        "{path:?}"
+    );
 }
 
 /// Go's mux's 404.

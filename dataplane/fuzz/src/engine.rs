@@ -33,9 +33,9 @@ use turn_types::attribute::{
 };
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, DATA, REFRESH, SEND};
 use uturn_dataplane::proto::{
-    AllocationLedger, BoundRelays, Bytes, ClientAction, DropReason, Engine, Family, ListenerId,
-    ListenerRef, PeerAction, RelayBindError, RelayId, AMPLIFICATION_FACTOR, CHANNEL_LIFETIME,
-    CHANNEL_NUMBERS, PEER_HEADROOM, PERMISSION_LIFETIME,
+    AllocationLedger, Arrival, ArrivalKind, BoundRelays, Bytes, ClientAction, DropReason, Engine,
+    Family, ListenerId, ListenerRef, PeerAction, PeerArrival, RelayBindError, RelayId,
+    AMPLIFICATION_FACTOR, CHANNEL_LIFETIME, CHANNEL_NUMBERS, PEER_HEADROOM, PERMISSION_LIFETIME,
 };
 use uturn_shared::config::{parse_config, StunnerConfig};
 use uturn_shared::framing::MAX_FRAME;
@@ -625,17 +625,17 @@ impl Harness {
         let expect = self.expect_client(client, data);
         let had = self.has_allocation(client);
         let (listener, from) = self.clients[client];
-        let action = self.engine.handle_client(
-            self.now,
-            &self.snap,
-            ListenerRef {
+        let arrival = Arrival {
+            now: self.now,
+            snap: &self.snap,
+            listener: ListenerRef {
                 id: Self::listener_id(listener),
                 spec: &self.snap.listeners[listener],
             },
-            from,
-            data,
-            &mut self.out,
-        );
+            client: from,
+            kind: ArrivalKind::Straight,
+        };
+        let action = self.engine.handle_client(arrival, data, &mut self.out);
         if tracing() {
             eprintln!(
                 "+{:?} client {client} {} bytes: {action:?} (model {expect:?})",
@@ -1043,14 +1043,13 @@ impl Harness {
         let expect = self.expect_peer(relay, peer);
         let mut buf = vec![0u8; PEER_HEADROOM + payload.len()];
         buf[PEER_HEADROOM..].copy_from_slice(payload);
-        let action = self.engine.handle_peer(
-            self.now,
-            &self.snap,
-            RelayId(relay),
+        let arrival = PeerArrival {
+            now: self.now,
+            snap: &self.snap,
+            relay: RelayId(relay),
             peer,
-            &mut buf,
-            &mut self.out,
-        );
+        };
+        let action = self.engine.handle_peer(arrival, &mut buf, &mut self.out);
         if tracing() {
             eprintln!(
                 "+{:?} peer {peer} -> relay {relay}: {action:?} (model {expect:?})",

@@ -769,6 +769,88 @@ fn peer_policy() -> Vec<(String, Vec<u8>)> {
     ]
 }
 
+/// `[current key byte][next key byte][clock offset][datagram]`, the datagram sealed under the
+/// key of `sealed_by` at the receiver's clock.
+fn sibling_seed(
+    keys: (u8, u8),
+    sealed_by: u8,
+    message: &uturn_dataplane::proto::sibling::SiblingMessage<'_>,
+    counter: u64,
+) -> Vec<u8> {
+    use uturn_dataplane::proto::sibling::{encode, SiblingKey, Stamp};
+    let key = SiblingKey::new(&[sealed_by; 32]).unwrap();
+    let stamp = Stamp {
+        sent_ms: 1_760_000_000_000,
+        sender: 0x0123_4567_89ab_cdef,
+        counter,
+    };
+    let mut datagram = Vec::new();
+    encode(&key, message, stamp, &mut datagram).unwrap();
+    [&[keys.0, keys.1, 0][..], &datagram].concat()
+}
+
+fn sibling() -> Vec<(String, Vec<u8>)> {
+    use uturn_dataplane::proto::sibling::{Kind, SiblingMessage, FLAG_QUERY};
+    let ping = [0x40, 0x00, 0x00, 0x04, b'p', b'i', b'n', b'g'];
+    let forward = SiblingMessage {
+        kind: Kind::Forward,
+        flags: FLAG_QUERY,
+        client: "192.0.2.1:50000".parse().unwrap(),
+        origin: None,
+        listener: "udp",
+        payload: &ping,
+    };
+    let claim = SiblingMessage {
+        kind: Kind::Claim,
+        flags: 0,
+        origin: Some("10.0.0.7:13480".parse().unwrap()),
+        payload: &[],
+        ..forward.clone()
+    };
+    let returned = SiblingMessage {
+        kind: Kind::Return,
+        flags: 0,
+        client: "[2001:db8::7]:40000".parse().unwrap(),
+        listener: "stunner/udp-gateway/udp-listener",
+        ..forward.clone()
+    };
+    let gone = SiblingMessage {
+        kind: Kind::Gone,
+        flags: 0,
+        payload: &[],
+        ..forward.clone()
+    };
+    let mut version_1 = sibling_seed((7, 0), 7, &forward, 0);
+    version_1[3 + 4] = 1;
+    vec![
+        ("forward_query".into(), sibling_seed((7, 0), 7, &forward, 0)),
+        ("claim_origin".into(), sibling_seed((7, 0), 7, &claim, 1)),
+        ("return_v6".into(), sibling_seed((7, 0), 7, &returned, 2)),
+        ("gone".into(), sibling_seed((7, 0), 7, &gone, 3)),
+        // Mid-rotation: sealed under the next key, and under the current key with a next one.
+        (
+            "forward_next_key".into(),
+            sibling_seed((7, 9), 9, &forward, 4),
+        ),
+        (
+            "forward_current_key".into(),
+            sibling_seed((9, 7), 9, &forward, 5),
+        ),
+        // Sealed under a key the receiver does not run.
+        (
+            "forward_old_key".into(),
+            sibling_seed((9, 0), 7, &forward, 6),
+        ),
+        // The last counter a window refuses (a sender never sends it).
+        (
+            "forward_last_counter".into(),
+            sibling_seed((7, 0), 7, &forward, u64::MAX),
+        ),
+        // A version-1 message (no sender id nor counter): malformed.
+        ("version_1".into(), version_1),
+    ]
+}
+
 /// Every seed.
 pub fn all() -> Vec<Seed> {
     let mut out = Vec::new();
@@ -778,6 +860,7 @@ pub fn all() -> Vec<Seed> {
         ("framer", framer()),
         ("config", config()),
         ("peer_policy", peer_policy()),
+        ("sibling", sibling()),
     ] {
         for (name, bytes) in seeds {
             out.push(Seed {

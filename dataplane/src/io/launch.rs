@@ -2,15 +2,17 @@
 //! placed on a CPU as [`super::placement`] says, sharing what must be shared across shards
 //! (the allocation ledger, the datagram listener groups, the stream admission caps).
 
-use super::metrics::ShardStats;
+use super::metrics::{add_count, ShardReport, ShardStats};
 use super::placement::{allowed_cpus, shard_placement};
 use super::{admission, epoll, groups, shard, sys, uring, IoBackend};
+use crate::proto::sibling::SiblingForwarding;
 use arc_swap::ArcSwap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use uturn_shared::snapshot::Snapshot;
+use uturn_shared::status::ListenerAllocations;
 
 /// How to run the dataplane.
 #[derive(Clone)]
@@ -36,11 +38,14 @@ pub struct DataplaneConfig {
     pub siblings: Option<super::SiblingSetup>,
 }
 
-/// A running dataplane: its shards and their published counters.
+/// A running dataplane: its shards, their published counters and the kernel offload they
+/// share. What the control plane asks of it (allocations, metrics, `/status`) it answers from
+/// the counters each shard publishes once per tick, never from a shard itself.
 pub struct Dataplane {
     threads: Vec<std::thread::JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     stats: Arc<Vec<ShardStats>>,
+    offload: Option<Arc<super::offload::Offload>>,
 }
 
 impl Dataplane {
@@ -113,6 +118,7 @@ impl Dataplane {
             threads,
             stop,
             stats,
+            offload: config.offload,
         })
     }
 
@@ -127,6 +133,51 @@ impl Dataplane {
     /// A shareable handle on the counters.
     pub fn stats_handle(&self) -> Arc<Vec<ShardStats>> {
         self.stats.clone()
+    }
+
+    /// Live allocations by listener name, over all shards.
+    pub fn listener_allocations(&self) -> Vec<ListenerAllocations> {
+        let mut total = Vec::new();
+        for report in self.reports() {
+            for counted in &report.listener_allocations {
+                add_count(&mut total, counted);
+            }
+        }
+        total
+    }
+
+    /// Channels the kernel offload relays, over all shards.
+    pub fn offload_channels(&self) -> u64 {
+        self.reports().map(|r| r.offload_channels).sum()
+    }
+
+    /// The kernel offload, if it runs.
+    pub fn offload(&self) -> Option<&Arc<super::offload::Offload>> {
+        self.offload.as_ref()
+    }
+
+    /// Each sibling pod this one forwards clients to, and how many, over all shards (empty
+    /// without second-chance forwarding).
+    pub fn forwarding_by_sibling(&self) -> Vec<SiblingForwarding> {
+        let mut total = Vec::new();
+        for report in self.reports() {
+            for counted in report.siblings.iter().flat_map(|s| &s.forwarding) {
+                add_count(&mut total, counted);
+            }
+        }
+        total
+    }
+
+    /// Records the dataplane's metrics into `recorder` for a scrape ([`super::metrics::record`]).
+    pub fn record_metrics(&self, recorder: &dyn metrics::Recorder) {
+        super::metrics::record(&self.stats, recorder);
+    }
+
+    /// Each shard's last published report (a shard whose lock is poisoned is left out).
+    fn reports(&self) -> impl Iterator<Item = std::sync::MutexGuard<'_, ShardReport>> {
+        self.stats
+            .iter()
+            .filter_map(|shard| shard.report.lock().ok())
     }
 
     /// Stops every shard (closing all sockets) and waits for them.

@@ -4,9 +4,11 @@
 //! (stunnerd.md §7), plus uturn's drop counters. The control plane owns the recorder that
 //! renders them as Prometheus text.
 
+use crate::proto::sibling::SiblingForwarding;
 use crate::proto::DropReason;
 use metrics::{counter, describe_counter, describe_gauge, gauge};
 use std::sync::atomic::{AtomicU64, Ordering};
+use uturn_shared::status::ListenerAllocations;
 
 /// Counters one shard publishes once per tick (single writer, read at scrape time).
 #[derive(Debug, Default)]
@@ -100,10 +102,9 @@ pub struct ShardReport {
     /// Per cluster name.
     pub clusters: CountersByName,
     /// Live allocations by listener name.
-    pub listener_allocations: Vec<(String, u64)>,
-    /// Second-chance forwarding, if configured: its counters, and how many clients this
-    /// shard forwards to each sibling.
-    pub siblings: Option<(super::SiblingCounts, Vec<(std::net::IpAddr, u64)>)>,
+    pub listener_allocations: Vec<ListenerAllocations>,
+    /// Second-chance forwarding's, if it is configured.
+    pub siblings: Option<SiblingReport>,
     /// Datagrams dropped, by [`DropReason::index`] (oversized ones count as malformed).
     pub dropped: [u64; DropReason::ALL.len()],
     /// Requests rejected for their credentials (401 or 438 sent).
@@ -165,11 +166,49 @@ fn sum_by_name(
     totals
 }
 
-/// Adds `n` to `key`'s count in `counts` (a short list, kept in first-seen order).
-pub fn add_count<K: PartialEq>(counts: &mut Vec<(K, u64)>, key: K, n: u64) {
-    match counts.iter_mut().find(|(k, _)| *k == key) {
-        Some((_, sum)) => *sum += n,
-        None => counts.push((key, n)),
+/// What one shard's second-chance forwarding publishes per tick.
+#[derive(Debug, Clone)]
+pub struct SiblingReport {
+    /// Its counters.
+    pub counts: super::SiblingCounts,
+    /// How many clients this shard forwards to each sibling.
+    pub forwarding: Vec<SiblingForwarding>,
+}
+
+/// An entry of a short list of counts, one a key (a listener, a sibling), that [`add_count`]
+/// sums the shards' lists into.
+pub trait Tally: Clone {
+    /// Whether `other` counts for the same key.
+    fn same_key(&self, other: &Self) -> bool;
+    /// Adds `other`'s count to this one's.
+    fn add(&mut self, other: &Self);
+}
+
+impl Tally for ListenerAllocations {
+    fn same_key(&self, other: &Self) -> bool {
+        self.listener == other.listener
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.allocations += other.allocations;
+    }
+}
+
+impl Tally for SiblingForwarding {
+    fn same_key(&self, other: &Self) -> bool {
+        self.sibling == other.sibling
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.clients += other.clients;
+    }
+}
+
+/// Adds `entry`'s count to its key's in `counts` (a short list, kept in first-seen order).
+pub fn add_count<T: Tally>(counts: &mut Vec<T>, entry: &T) {
+    match counts.iter_mut().find(|counted| counted.same_key(entry)) {
+        Some(counted) => counted.add(entry),
+        None => counts.push(entry.clone()),
     }
 }
 
@@ -301,7 +340,7 @@ fn record_totals(shards: &[ShardStats]) {
 fn record_siblings(reports: &[ShardReport]) {
     let counts: Vec<super::SiblingCounts> = reports
         .iter()
-        .filter_map(|r| r.siblings.as_ref().map(|(c, _)| *c))
+        .filter_map(|r| r.siblings.as_ref().map(|s| s.counts))
         .collect();
     if counts.is_empty() {
         return;
@@ -343,6 +382,9 @@ fn record_siblings(reports: &[ShardReport]) {
         ("stale", sum(|c| c.stale)),
         ("malformed", sum(|c| c.malformed)),
         ("not_sibling", sum(|c| c.not_sibling)),
+        ("replayed", sum(|c| c.replayed)),
+        ("too_many_senders", sum(|c| c.too_many_senders)),
+        ("unsolicited", sum(|c| c.unsolicited)),
     ] {
         counter!("uturn_sibling_refused_total", "reason" => reason).absolute(n);
     }

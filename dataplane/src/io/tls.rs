@@ -122,14 +122,61 @@ pub fn server_config_from_pem(
     Ok(Arc::new(config))
 }
 
-/// When the first certificate of `cert_base64` (a listener's base64 PEM chain: the leaf
-/// first) stops being valid, in seconds since the Unix epoch; `None` if it does not parse.
-pub fn certificate_expiry(cert_base64: &str) -> Option<i64> {
+/// One certificate of a listener's chain, as the validity checks read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainCertificate {
+    /// Its subject, e.g. `CN=turn.example.com, O=Example`.
+    pub subject: String,
+    /// Start of validity (notBefore), in seconds since the Unix epoch.
+    pub not_before: i64,
+    /// End of validity (notAfter), in seconds since the Unix epoch.
+    pub not_after: i64,
+}
+
+/// Every certificate of `cert_base64` (a listener's base64 PEM chain: the leaf first, then
+/// its intermediates), in order; `None` if it does not parse or holds none.
+pub fn certificate_chain(cert_base64: &str) -> Option<Vec<ChainCertificate>> {
     let pem = decode_pem(cert_base64).ok()?;
-    let cert = openssl::x509::X509::from_pem(&pem).ok()?;
+    let chain = openssl::x509::X509::stack_from_pem(&pem).ok()?;
     let epoch = openssl::asn1::Asn1Time::from_unix(0).ok()?;
-    let since = epoch.diff(cert.not_after()).ok()?;
-    Some(i64::from(since.days) * 86_400 + i64::from(since.secs))
+    let unix = |time: &openssl::asn1::Asn1TimeRef| {
+        let since = epoch.diff(time).ok()?;
+        Some(i64::from(since.days) * 86_400 + i64::from(since.secs))
+    };
+    let chain = chain
+        .iter()
+        .map(|cert| {
+            Some(ChainCertificate {
+                subject: subject_line(cert.subject_name()),
+                not_before: unix(cert.not_before())?,
+                not_after: unix(cert.not_after())?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (!chain.is_empty()).then_some(chain)
+}
+
+/// A certificate's subject as one line: `CN=…, O=…`, in the certificate's order.
+fn subject_line(name: &openssl::x509::X509NameRef) -> String {
+    let entries: Vec<String> =
+        name.entries()
+            .map(|entry| {
+                let key = entry
+                    .object()
+                    .nid()
+                    .short_name()
+                    .map_or_else(|_| entry.object().to_string(), str::to_owned);
+                let value = entry.data().to_string().unwrap_or_else(|_| {
+                    String::from_utf8_lossy(entry.data().as_slice()).into_owned()
+                });
+                format!("{key}={value}")
+            })
+            .collect();
+    if entries.is_empty() {
+        "(empty subject)".into()
+    } else {
+        entries.join(", ")
+    }
 }
 
 /// A fresh self-signed certificate and key for `host` (an IP address or DNS name), as PEM:
@@ -148,13 +195,37 @@ pub fn self_signed_between(
     not_before: i64,
     not_after: i64,
 ) -> Result<(String, String), String> {
+    certificate_between(host, not_before, not_after, None, false)
+}
+
+/// A CA certificate's PEM and its key's PEM, to sign another certificate with.
+#[derive(Debug, Clone, Copy)]
+pub struct Issuer<'a> {
+    /// The CA's certificate, PEM.
+    pub cert: &'a str,
+    /// The CA's private key, PEM.
+    pub key: &'a str,
+}
+
+/// A fresh ECDSA P-256 certificate (CN=`host`) and key, as PEM, valid from `not_before` until
+/// `not_after` (seconds since the Unix epoch), signed by `issuer` or else self-signed: a CA
+/// (basicConstraints CA:TRUE, `host` a name) if `ca`, else a server certificate for `host`
+/// (an IP address or DNS name). With a CA's `issuer`, the pieces of a chain (root,
+/// intermediates, leaf), for tests and tools.
+pub fn certificate_between(
+    host: &str,
+    not_before: i64,
+    not_after: i64,
+    issuer: Option<Issuer<'_>>,
+    ca: bool,
+) -> Result<(String, String), String> {
     use openssl::asn1::Asn1Time;
     use openssl::bn::{BigNum, MsbOption};
     use openssl::ec::{EcGroup, EcKey};
     use openssl::hash::MessageDigest;
     use openssl::nid::Nid;
     use openssl::pkey::PKey;
-    use openssl::x509::extension::SubjectAlternativeName;
+    use openssl::x509::extension::{BasicConstraints, KeyUsage, SubjectAlternativeName};
     use openssl::x509::{X509NameBuilder, X509};
     let build = || -> Result<(String, String), openssl::error::ErrorStack> {
         let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1)?;
@@ -162,6 +233,13 @@ pub fn self_signed_between(
         let mut name = X509NameBuilder::new()?;
         name.append_entry_by_nid(Nid::COMMONNAME, host)?;
         let name = name.build();
+        let signer = match issuer {
+            Some(issuer) => Some((
+                X509::from_pem(issuer.cert.as_bytes())?,
+                PKey::private_key_from_pem(issuer.key.as_bytes())?,
+            )),
+            None => None,
+        };
         let mut cert = X509::builder()?;
         cert.set_version(2)?;
         let mut serial = BigNum::new()?;
@@ -169,7 +247,10 @@ pub fn self_signed_between(
         let serial = serial.to_asn1_integer()?;
         cert.set_serial_number(&serial)?;
         cert.set_subject_name(&name)?;
-        cert.set_issuer_name(&name)?;
+        match &signer {
+            Some((ca, _)) => cert.set_issuer_name(ca.subject_name())?,
+            None => cert.set_issuer_name(&name)?,
+        }
         cert.set_pubkey(&key)?;
         let (from, until) = (
             Asn1Time::from_unix(not_before as libc::time_t)?,
@@ -177,22 +258,36 @@ pub fn self_signed_between(
         );
         cert.set_not_before(&from)?;
         cert.set_not_after(&until)?;
-        let mut san = SubjectAlternativeName::new();
-        if host.parse::<std::net::IpAddr>().is_ok() {
-            san.ip(host);
+        if ca {
+            cert.append_extension(BasicConstraints::new().critical().ca().build()?)?;
+            let usage = KeyUsage::new()
+                .critical()
+                .key_cert_sign()
+                .crl_sign()
+                .build()?;
+            cert.append_extension(usage)?;
         } else {
-            san.dns(host);
+            let mut san = SubjectAlternativeName::new();
+            if host.parse::<std::net::IpAddr>().is_ok() {
+                san.ip(host);
+            } else {
+                san.dns(host);
+            }
+            let context = cert.x509v3_context(signer.as_ref().map(|(ca, _)| &**ca), None);
+            let san = san.build(&context)?;
+            cert.append_extension(san)?;
         }
-        let san = san.build(&cert.x509v3_context(None, None))?;
-        cert.append_extension(san)?;
-        cert.sign(&key, MessageDigest::sha256())?;
+        match &signer {
+            Some((_, ca_key)) => cert.sign(ca_key, MessageDigest::sha256())?,
+            None => cert.sign(&key, MessageDigest::sha256())?,
+        }
         let cert = cert.build();
         Ok((
             String::from_utf8_lossy(&cert.to_pem()?).into_owned(),
             String::from_utf8_lossy(&key.private_key_to_pem_pkcs8()?).into_owned(),
         ))
     };
-    build().map_err(|e| format!("cannot generate a self-signed certificate: {e}"))
+    build().map_err(|e| format!("cannot generate a certificate: {e}"))
 }
 
 #[cfg(test)]
@@ -200,11 +295,64 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_certificates_expiry_is_its_not_after() {
-        let (cert, _) = self_signed_between("127.0.0.1", 1_700_000_000, 1_800_000_123).unwrap();
-        let b64 = base64::engine::general_purpose::STANDARD.encode(cert);
-        assert_eq!(certificate_expiry(&b64), Some(1_800_000_123));
-        assert_eq!(certificate_expiry("bm90IGEgY2VydA=="), None);
+    fn a_chain_is_read_certificate_by_certificate_leaf_first() {
+        let (root, root_key) =
+            certificate_between("uturn test root", 1_600_000_000, 1_900_000_000, None, true)
+                .unwrap();
+        let by_root = Issuer {
+            cert: &root,
+            key: &root_key,
+        };
+        let (intermediate, intermediate_key) = certificate_between(
+            "uturn test intermediate",
+            1_650_000_000,
+            1_750_000_000,
+            Some(by_root),
+            true,
+        )
+        .unwrap();
+        let by_intermediate = Issuer {
+            cert: &intermediate,
+            key: &intermediate_key,
+        };
+        let (leaf, leaf_key) = certificate_between(
+            "127.0.0.1",
+            1_700_000_000,
+            1_800_000_123,
+            Some(by_intermediate),
+            false,
+        )
+        .unwrap();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(format!("{leaf}{intermediate}"));
+        let chain = certificate_chain(&b64).unwrap();
+        assert_eq!(
+            chain,
+            [
+                ChainCertificate {
+                    subject: "CN=127.0.0.1".into(),
+                    not_before: 1_700_000_000,
+                    not_after: 1_800_000_123,
+                },
+                ChainCertificate {
+                    subject: "CN=uturn test intermediate".into(),
+                    not_before: 1_650_000_000,
+                    not_after: 1_750_000_000,
+                },
+            ]
+        );
+        // The chain serves (the key is the leaf's), and the intermediate verifies the leaf.
+        let chain_pem = format!("{leaf}{intermediate}");
+        server_config_from_pem(chain_pem.as_bytes(), leaf_key.as_bytes()).unwrap();
+        super::super::dtls::context_from_pem(chain_pem.as_bytes(), leaf_key.as_bytes()).unwrap();
+        let pem = |pem: &str| openssl::x509::X509::from_pem(pem.as_bytes()).unwrap();
+        let (leaf, intermediate, root) = (pem(&leaf), pem(&intermediate), pem(&root));
+        assert!(leaf.verify(&intermediate.public_key().unwrap()).unwrap());
+        assert!(intermediate.verify(&root.public_key().unwrap()).unwrap());
+        assert_eq!(
+            leaf.issuer_name().to_der().unwrap(),
+            intermediate.subject_name().to_der().unwrap()
+        );
+        assert_eq!(certificate_chain("bm90IGEgY2VydA=="), None);
     }
 
     #[test]

@@ -152,6 +152,7 @@ pub(super) struct PendingAllocate {
     pub(super) integrity: IntegrityKey,
     pub(super) lifetime: Duration,
     pub(super) txid: TransactionId,
+    pub(super) dont_fragment: bool,
 }
 
 impl PendingAllocate {
@@ -177,6 +178,7 @@ impl PendingAllocate {
             integrity: authenticated.integrity,
             lifetime: request.lifetime,
             txid: msg.transaction_id(),
+            dont_fragment: request.dont_fragment,
         }
     }
 
@@ -230,6 +232,7 @@ impl PendingAllocate {
             key: self.key,
             listener_name: self.listener_name,
             families,
+            dont_fragment: self.dont_fragment,
             username: self.username,
             user_id: self.user_id,
             expires_at: now + self.lifetime,

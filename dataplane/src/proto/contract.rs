@@ -1,15 +1,70 @@
 //! The IO contract: what the engine takes from the shell and gives back. Listener and relay
-//! handles, the actions a client or peer datagram turns into (transmits as a range of the input
-//! or of the output buffer), the relay socket request and its answer, and the drop reasons
-//! every counter is keyed by.
+//! handles, how a datagram arrived ([`Arrival`], [`PeerArrival`]), the actions a client or peer
+//! datagram turns into (transmits as a range of the input or of the output buffer), the relay
+//! socket request and its answer, and the drop reasons every counter is keyed by.
 
+use super::limits::{AllocationLedger, Limits};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
 use uturn_shared::policy::unmapped_ip;
-use uturn_shared::snapshot::{ClusterId, ListenerSpec};
+use uturn_shared::snapshot::{ClusterId, ListenerSpec, Snapshot};
 
 /// Bytes the shell leaves free in front of a peer datagram, so ChannelData can be framed in place.
 pub const PEER_HEADROOM: usize = 4;
+
+/// Engine construction parameters.
+#[derive(Clone)]
+pub struct EngineConfig {
+    /// An instant and the unix time (seconds) it corresponds to: the engine derives wall-clock
+    /// time (ephemeral credentials, nonces) from the `now` it is given.
+    pub epoch: Instant,
+    /// Unix seconds at `epoch`.
+    pub epoch_unix: u64,
+    /// Secret for stateless nonces; share it between shards so any shard accepts them.
+    pub nonce_key: [u8; 32],
+    /// Caps set by flags.
+    pub limits: Limits,
+    /// Allocations held per user-id and in all; share it between shards.
+    pub ledger: Arc<AllocationLedger>,
+}
+
+impl EngineConfig {
+    /// A config with default [`Limits`] and a ledger of its own.
+    pub fn new(epoch: Instant, epoch_unix: u64, nonce_key: [u8; 32]) -> EngineConfig {
+        EngineConfig {
+            epoch,
+            epoch_unix,
+            nonce_key,
+            limits: Limits::default(),
+            ledger: Arc::new(AllocationLedger::new()),
+        }
+    }
+}
+
+/// Per-shard counters, plain integers (the shard owns them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Datagrams dropped, by [`DropReason::index`].
+    pub dropped: [u64; DropReason::ALL.len()],
+    /// Allocations ever created.
+    pub allocations_created: u64,
+    /// Allocations that expired or were deleted.
+    pub allocations_deleted: u64,
+    /// Requests whose credentials were refused (a 401 to a request with MESSAGE-INTEGRITY).
+    pub auth_failures: u64,
+    /// Allocates refused for a quota: the user-id's (486) or the global cap (508).
+    pub quota_refusals: u64,
+}
+
+impl EngineStats {
+    /// Counts a datagram dropped for `reason`, and gives the reason back.
+    pub(super) fn count_drop(&mut self, reason: DropReason) -> DropReason {
+        self.dropped[reason.index()] += 1;
+        reason
+    }
+}
 
 /// The shell's handle for a running listener, stable across reconciles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,6 +116,57 @@ pub struct ListenerRef<'a> {
     pub spec: &'a ListenerSpec,
 }
 
+/// How a client's datagram reached this shard (second-chance forwarding, in the README).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArrivalKind {
+    /// Straight from the client to the listener: the per-packet case. With misses forwarded
+    /// ([`super::Engine::set_forward_misses`]), one that needs an allocation this shard does
+    /// not hold is a [`ClientAction::Miss`].
+    Straight,
+    /// Forwarded by the sibling pod at `via`, for a client whose allocation this shard holds:
+    /// handled exactly as if it came straight, and what goes to the client from now on goes
+    /// back through `via` ([`PeerAction::ToClient`]'s `forwarded`; the shell sends the reply
+    /// back through it too).
+    Forwarded {
+        /// The sibling's address (the query's origin, for a query handed on inside its pod).
+        via: SocketAddr,
+    },
+    /// Straight, a [`ClientAction::Miss`] that no sibling holds: answered as without
+    /// forwarding (437, or a counted drop).
+    AnsweredLocally,
+}
+
+/// A client's datagram as it arrived: when, under which snapshot, on which listener, from
+/// whom and how. What every call of [`super::Engine::handle_client`] takes besides the bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival<'a> {
+    /// When it was received.
+    pub now: Instant,
+    /// The snapshot it is served under.
+    pub snap: &'a Snapshot,
+    /// The listener it arrived on (on the forwarder's pod, for a forwarded one: the same
+    /// config names it on every pod).
+    pub listener: ListenerRef<'a>,
+    /// The client's address, as the listener saw it.
+    pub client: SocketAddr,
+    /// Straight, forwarded by a sibling, or a miss answered here.
+    pub kind: ArrivalKind,
+}
+
+/// A peer's datagram as it arrived: when, under which snapshot, on which relay socket, from
+/// whom. What [`super::Engine::handle_peer`] takes besides the buffers.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerArrival<'a> {
+    /// When it was received.
+    pub now: Instant,
+    /// The snapshot it is served under.
+    pub snap: &'a Snapshot,
+    /// The relay socket it arrived on.
+    pub relay: RelayId,
+    /// The peer's address.
+    pub peer: SocketAddr,
+}
+
 /// What the shell must do with a datagram a client sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClientAction {
@@ -82,10 +188,10 @@ pub enum ClientAction {
     /// Bind the relay sockets described, then call [`super::Engine::complete_allocate`].
     AllocateRelay(RelayRequest),
     /// No allocation on this 5-tuple for a datagram that needs one (ChannelData, Send, Refresh,
-    /// CreatePermission, ChannelBind), and misses are forwarded
-    /// ([`super::Engine::set_forward_misses`]): the shell may hand the datagram to the sibling
-    /// pod that owns the client's allocation, or get today's answer from
-    /// [`super::Engine::handle_client_local`]. Nothing was counted or answered.
+    /// CreatePermission, ChannelBind), arrived [`ArrivalKind::Straight`], and misses are
+    /// forwarded ([`super::Engine::set_forward_misses`]): the shell may hand the datagram to
+    /// the sibling pod that owns the client's allocation, or get today's answer by handing it
+    /// in again as [`ArrivalKind::AnsweredLocally`]. Nothing was counted or answered.
     Miss,
 }
 

@@ -5,142 +5,85 @@
 use super::allocate::{self, AllocateRequest, PendingAllocate, Refreshed};
 use super::auth::{Authenticated, Authenticator};
 use super::contract::{
-    BoundRelays, ClientAction, DropReason, Family, ListenerId, ListenerRef, PeerAction, RelayId,
-    RelayRequest,
+    Arrival, ArrivalKind, BoundRelays, ClientAction, DropReason, EngineConfig, EngineStats, Family,
+    ListenerId, ListenerRef, PeerAction, PeerArrival, RelayId, RelayRequest,
 };
 use super::error::RequestError;
-use super::limits::{AllocationLedger, ChallengeLimiter, Limits, QuotaError};
+use super::limits::{QuotaError, SourceBuckets};
+use super::offload::{self, OffloadChange, OffloadChanges, OffloadChannel, OffloadPermission};
 use super::ratelimit::LogLimiter;
-use super::relay::Arrival;
+use super::relay::Path;
 use super::store::{AllocationStore, ClientKey};
 use super::wire::{self, ResponseWriter};
-use super::{permission, relay, AMPLIFICATION_FACTOR, SWEEP_INTERVAL};
+use super::{permission, relay, SWEEP_INTERVAL};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
-use stun_proto::types::message::{IntegrityKey, Message, MessageClass, BINDING};
+use stun_proto::types::message::{Message, MessageClass, BINDING};
 use turn_types::attribute::Lifetime;
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, REFRESH, SEND};
-use uturn_shared::snapshot::{ClusterId, Snapshot};
+use uturn_shared::snapshot::Snapshot;
+use uturn_shared::status::ListenerAllocations;
 
-/// Engine construction parameters.
-#[derive(Clone)]
-pub struct EngineConfig {
-    /// An instant and the unix time (seconds) it corresponds to: the engine derives wall-clock
-    /// time (ephemeral credentials, nonces) from the `now` it is given.
-    pub epoch: Instant,
-    /// Unix seconds at `epoch`.
-    pub epoch_unix: u64,
-    /// Secret for stateless nonces; share it between shards so any shard accepts them.
-    pub nonce_key: [u8; 32],
-    /// Caps set by flags.
-    pub limits: Limits,
-    /// Allocations held per user-id and in all; share it between shards.
-    pub ledger: Arc<AllocationLedger>,
-}
-
-impl EngineConfig {
-    /// A config with default [`Limits`] and a ledger of its own.
-    pub fn new(epoch: Instant, epoch_unix: u64, nonce_key: [u8; 32]) -> EngineConfig {
-        EngineConfig {
-            epoch,
-            epoch_unix,
-            nonce_key,
-            limits: Limits::default(),
-            ledger: Arc::new(AllocationLedger::new()),
-        }
-    }
-}
-
-/// Per-shard counters, plain integers (the shard owns them).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EngineStats {
-    /// Datagrams dropped, by [`DropReason::index`].
-    pub dropped: [u64; DropReason::ALL.len()],
-    /// Allocations ever created.
-    pub allocations_created: u64,
-    /// Allocations that expired or were deleted.
-    pub allocations_deleted: u64,
-    /// Requests whose credentials were refused (a 401 to a request with MESSAGE-INTEGRITY).
-    pub auth_failures: u64,
-    /// Allocates refused for a quota: the user-id's (486) or the global cap (508).
-    pub quota_refusals: u64,
-}
-
-impl EngineStats {
-    /// Counts a datagram dropped for `reason`, and gives the reason back.
-    pub(super) fn count_drop(&mut self, reason: DropReason) -> DropReason {
-        self.dropped[reason.index()] += 1;
-        reason
-    }
-}
+mod persist; // `Engine::allocation_records` and `Engine::adopt`: allocations across a restart.
 
 /// The TURN state machine of one shard.
 ///
 /// It never opens a socket or reads a clock: every call takes `now` and the current
 /// [`Snapshot`], and returns what the IO shell must do. The shell drives it in this order:
 ///
-/// 1. A datagram (or a stream frame) from a client on a listener → [`Engine::handle_client`];
-///    act on the [`ClientAction`] it returns. On [`ClientAction::AllocateRelay`], bind the relay
-///    sockets the [`RelayRequest`] asks for (two for a dual allocation) and answer at once,
-///    before any other call, with [`Engine::complete_allocate`] (each port, or the
-///    [`super::RelayBindError`]); send the reply it writes.
-/// 2. A datagram from a peer on relay socket `r`, read into `buf[PEER_HEADROOM..]` →
-///    [`Engine::handle_peer`]; send what the [`PeerAction`] says.
-/// 3. When the instant [`Engine::poll_timeout`] gives passes, call [`Engine::handle_timeout`];
+/// 1. A datagram (or a stream frame) from a client on a listener → [`Engine::handle_client`]
+///    with its [`Arrival`] ([`ArrivalKind::Straight`]); act on the [`ClientAction`] it returns.
+///    On [`ClientAction::AllocateRelay`], bind the relay sockets the [`RelayRequest`] asks for
+///    (two for a dual allocation) and answer at once, before any other call, with
+///    [`Engine::complete_allocate`] (each port, or the [`super::RelayBindError`]); send the
+///    reply it writes.
+/// 2. With second-chance forwarding ([`Engine::set_forward_misses`]): on
+///    [`ClientAction::Miss`], hand the datagram to the sibling pod that owns the client, or,
+///    if none does, to [`Engine::handle_client`] again as [`ArrivalKind::AnsweredLocally`]. A
+///    datagram a sibling forwarded for a client this shard holds ([`Engine::has_allocation`])
+///    → [`Engine::handle_client`] as [`ArrivalKind::Forwarded`]; send its reply back through
+///    that sibling.
+/// 3. A datagram from a peer on relay socket `r`, read into `buf[PEER_HEADROOM..]` →
+///    [`Engine::handle_peer`] with its [`PeerArrival`]; send what the [`PeerAction`] says (back
+///    through the sibling [`Engine::via`] names when it is `forwarded`).
+/// 4. When the instant [`Engine::poll_timeout`] gives passes, call [`Engine::handle_timeout`];
 ///    ask `poll_timeout` again after every call, as a new allocation starts the timer.
-/// 4. After any call, drain [`Engine::poll_close`] and close those relay sockets (soon: an
+/// 5. After any call, drain [`Engine::poll_close`] and close those relay sockets (soon: an
 ///    ended allocation's [`RelayId`]s are reused only once `poll_close` has returned them).
-/// 5. A listener closed or restarted → [`Engine::close_listener`]; a stream connection or
-///    DTLS session ended → [`Engine::close_client`]; then drain `poll_close` as in 4.
+/// 6. A listener closed or restarted → [`Engine::close_listener`]; a stream connection or
+///    DTLS session ended → [`Engine::close_client`]; then drain `poll_close` as in 5.
+/// 7. With a kernel offload ([`Engine::enable_offload`]): after any call, drain
+///    [`Engine::poll_offload`] and carry out each [`OffloadChange`] (reading
+///    [`Engine::offload_channel`], [`Engine::offload_channels`], [`Engine::offload_permission`]
+///    and [`Engine::offload_deadline`]); when the snapshot changes, [`Engine::recheck_offload`].
 pub struct Engine {
     config: EngineConfig,
     auth: Authenticator,
     allocations: AllocationStore,
     /// The Allocate waiting for [`Engine::complete_allocate`].
     pending: Option<PendingAllocate>,
-    /// Relay sockets the shell must close, drained by [`Engine::poll_close`].
-    relays_to_close: Vec<RelayId>,
     next_sweep: Option<Instant>,
     /// Transaction ids of Data indications: a CSPRNG of this engine's own, seeded from the
     /// OS, so the ids reveal nothing of the nonce key nor repeat another shard's.
     indication_txids: StdRng,
     stats: EngineStats,
     denial_log: LogLimiter,
-    challenges: ChallengeLimiter,
-    /// With a kernel offload: allocations whose offloadable channels may have changed, drained
+    /// The 401/438 challenges' budget per source IP.
+    challenges: SourceBuckets,
+    /// With a kernel offload: what changed of allocations the kernel may relay for, drained
     /// by [`Engine::poll_offload`].
-    offload_changes: Option<Vec<RelayId>>,
+    offload: OffloadChanges,
     /// Second-chance forwarding is on: misses are [`ClientAction::Miss`].
     forward_misses: bool,
-}
-
-/// A channel the kernel may relay: bound, its permission live, its peer admitted by the
-/// running snapshot, until `expires_at` (the first of the channel's, the permission's and the
-/// allocation's ends).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OffloadChannel {
-    /// The listener the client talks to.
-    pub listener: ListenerId,
-    /// The client's address.
-    pub client: SocketAddr,
-    /// The channel number.
-    pub number: u16,
-    /// The peer bound to it.
-    pub peer: SocketAddr,
-    /// When the kernel must stop relaying it unless told again.
-    pub expires_at: Instant,
-    /// The cluster that admitted the peer.
-    pub cluster: ClusterId,
 }
 
 impl Engine {
     /// A new engine with no allocations.
     pub fn new(config: EngineConfig) -> Engine {
         Engine {
-            challenges: ChallengeLimiter::new(
+            challenges: SourceBuckets::new(
                 config.limits.challenge_rate,
                 config.limits.challenge_burst,
                 config.epoch,
@@ -149,55 +92,75 @@ impl Engine {
             config,
             allocations: AllocationStore::new(),
             pending: None,
-            relays_to_close: Vec::new(),
             next_sweep: None,
             indication_txids: StdRng::from_entropy(),
             stats: EngineStats::default(),
             denial_log: LogLimiter::default(),
-            offload_changes: None,
+            offload: OffloadChanges::default(),
             forward_misses: false,
         }
     }
 
-    /// Tells the engine that a kernel offload relays channels: from now on it records which
-    /// allocations' channels may have changed ([`Engine::poll_offload`]).
+    /// Tells the engine that a kernel offload relays channels: from now on it records what
+    /// changed of each allocation ([`Engine::poll_offload`]).
     pub fn enable_offload(&mut self) {
-        self.offload_changes.get_or_insert_with(Vec::new);
+        self.offload.enable(&mut self.allocations);
     }
 
-    /// The next allocation whose offloadable channels may have changed (a ChannelBind,
-    /// CreatePermission or Refresh on it), as its IPv4 relay socket (the kernel relays IPv4
-    /// only): read them with [`Engine::offload_channels`]. An ended allocation (or relay) is
-    /// reported by [`Engine::poll_close`] instead.
-    pub fn poll_offload(&mut self) -> Option<RelayId> {
-        self.offload_changes.as_mut()?.pop()
+    /// The next change to an allocation the kernel may relay for (a ChannelBind,
+    /// CreatePermission or Refresh on it, its client's flow moving to or from a sibling), in
+    /// the order they happened. An ended allocation (or relay) is reported by
+    /// [`Engine::poll_close`] instead.
+    pub fn poll_offload(&mut self) -> Option<OffloadChange> {
+        self.offload.poll(&mut self.allocations)
     }
 
-    /// Reports every allocation with channels through [`Engine::poll_offload`]: the shell
-    /// calls it when the snapshot changes, which may admit or deny peers.
+    /// Reports every allocation with channels through [`Engine::poll_offload`] as
+    /// [`OffloadChange::All`]: the shell calls it when the snapshot changes, which may admit
+    /// or deny peers.
     pub fn recheck_offload(&mut self) {
-        if let Some(changes) = self.offload_changes.as_mut() {
-            changes.clear();
-            changes.extend(
-                self.allocations
-                    .with_channels()
-                    .map(|slot| RelayId::new(slot, Family::V4)),
-            );
-        }
+        self.offload.recheck(&self.allocations);
     }
 
     /// The channels of the allocation of relay socket `relay` that the kernel may relay at
-    /// `now` under `snap` (none if the allocation ended).
+    /// `now` under `snap` (none if the allocation ended, or its client comes through a
+    /// sibling pod: what goes to that client must go back through the sibling, which only
+    /// user space does).
     pub fn offload_channels(
         &mut self,
         relay: RelayId,
         snap: &Snapshot,
         now: Instant,
     ) -> Vec<OffloadChannel> {
-        let Some(alloc) = self.allocations.get_mut(relay.slot()) else {
-            return Vec::new();
-        };
-        alloc.offload_channels(snap, now)
+        offload::channels(&mut self.allocations, relay, snap, now)
+    }
+
+    /// Channel `number` of the allocation of `relay`, if the kernel may relay it at `now`
+    /// under `snap` (as [`Engine::offload_channels`]).
+    pub fn offload_channel(
+        &mut self,
+        relay: RelayId,
+        number: u16,
+        snap: &Snapshot,
+        now: Instant,
+    ) -> Option<OffloadChannel> {
+        offload::channel(&mut self.allocations, relay, number, snap, now)
+    }
+
+    /// When the allocation of `relay` ends, unless refreshed.
+    pub fn offload_deadline(&self, relay: RelayId) -> Option<Instant> {
+        self.allocations.get(relay.slot()).map(|a| a.expires_at)
+    }
+
+    /// The live permission of the allocation of `relay` for peer `ip` (none if the allocation
+    /// ended, or its client comes through a sibling pod).
+    pub fn offload_permission(
+        &self,
+        relay: RelayId,
+        ip: IpAddr,
+        now: Instant,
+    ) -> Option<OffloadPermission> {
+        OffloadPermission::of(self.allocations.get(relay.slot())?, ip, now)
     }
 
     /// Live allocations on this shard.
@@ -207,18 +170,8 @@ impl Engine {
 
     /// Live allocations on this shard by the name of the listener they were made on (once per
     /// tick, for `/status`).
-    pub fn allocations_by_listener(&self) -> Vec<(String, u64)> {
-        let mut counts: Vec<(String, u64)> = Vec::new();
-        for alloc in self.allocations.iter() {
-            match counts
-                .iter_mut()
-                .find(|(name, _)| *name == alloc.listener_name)
-            {
-                Some((_, n)) => *n += 1,
-                None => counts.push((alloc.listener_name.clone(), 1)),
-            }
-        }
-        counts
+    pub fn allocations_by_listener(&self) -> Vec<ListenerAllocations> {
+        self.allocations.by_listener()
     }
 
     /// The counters of this shard.
@@ -230,163 +183,107 @@ impl Engine {
         self.stats.count_drop(reason)
     }
 
-    /// Handles one datagram a client sent to `listener` from `from`, writing any reply into
-    /// `out` (at least 1500 bytes).
-    pub fn handle_client(
-        &mut self,
-        now: Instant,
-        snap: &Snapshot,
-        listener: ListenerRef<'_>,
-        from: SocketAddr,
-        data: &[u8],
-        out: &mut [u8],
-    ) -> ClientAction {
-        let arrival = Arrival {
-            via: None,
-            forward_misses: self.forward_misses,
-        };
-        self.handle_arrival(now, snap, listener, from, data, out, arrival)
-    }
-
-    /// [`Engine::handle_client`] for a datagram of client `from` that sibling pod `via`
-    /// forwarded (second-chance forwarding): handled exactly as if it came straight, and what
-    /// goes to the client from now on goes back through `via`
-    /// ([`PeerAction::ToClient::via`]; replies to it the shell sends back through `via`).
-    #[allow(clippy::too_many_arguments)] // handle_client's, and the sibling
-    pub fn handle_forwarded(
-        &mut self,
-        now: Instant,
-        snap: &Snapshot,
-        listener: ListenerRef<'_>,
-        from: SocketAddr,
-        data: &[u8],
-        out: &mut [u8],
-        via: SocketAddr,
-    ) -> ClientAction {
-        let arrival = Arrival {
-            via: Some(via),
-            forward_misses: false,
-        };
-        self.handle_arrival_out_of_line(now, snap, listener, from, data, out, arrival)
-    }
-
-    /// [`Engine::handle_client`] answering a miss as without forwarding (437, or a counted
-    /// drop): for a datagram that no sibling owns.
-    pub fn handle_client_local(
-        &mut self,
-        now: Instant,
-        snap: &Snapshot,
-        listener: ListenerRef<'_>,
-        from: SocketAddr,
-        data: &[u8],
-        out: &mut [u8],
-    ) -> ClientAction {
-        let arrival = Arrival {
-            via: None,
-            forward_misses: false,
-        };
-        self.handle_arrival_out_of_line(now, snap, listener, from, data, out, arrival)
-    }
-
-    /// [`Engine::handle_arrival`] for the rare arrivals (forwarded, or a miss answered
-    /// locally), out of line so that the per-packet path is the only inlined copy.
-    #[inline(never)]
-    #[allow(clippy::too_many_arguments)] // handle_client's, and how the datagram arrived
-    fn handle_arrival_out_of_line(
-        &mut self,
-        now: Instant,
-        snap: &Snapshot,
-        listener: ListenerRef<'_>,
-        from: SocketAddr,
-        data: &[u8],
-        out: &mut [u8],
-        arrival: Arrival,
-    ) -> ClientAction {
-        self.handle_arrival(now, snap, listener, from, data, out, arrival)
-    }
-
-    /// The sibling pod the client of relay `relay`'s allocation reaches us through, if it
-    /// does ([`PeerAction::ToClient::forwarded`]).
-    pub fn via(&self, relay: RelayId) -> Option<SocketAddr> {
-        self.allocations.get(relay.slot())?.via
-    }
-
-    /// Whether this shard holds an allocation for `client` on `listener`.
-    pub fn holds(&self, listener: ListenerId, client: SocketAddr) -> bool {
-        self.allocations
-            .slot_of(&ClientKey { listener, client })
-            .is_some()
-    }
-
-    /// Second-chance forwarding: a datagram that needs an allocation and finds none is
-    /// [`ClientAction::Miss`] instead of a 437 or a drop.
+    /// Second-chance forwarding: a datagram that arrives [`ArrivalKind::Straight`], needs an
+    /// allocation and finds none is [`ClientAction::Miss`] instead of a 437 or a drop.
     pub fn set_forward_misses(&mut self, on: bool) {
         self.forward_misses = on;
     }
 
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)] // handle_client's, and how the datagram arrived
-    fn handle_arrival(
+    /// Handles one datagram a client sent, as it [arrived](Arrival), writing any reply into
+    /// `out` (at least 1500 bytes). One entry point for every [`ArrivalKind`]: straight (the
+    /// per-packet path, inlined here), forwarded by a sibling or a miss answered here (out of
+    /// line, as rare).
+    #[inline]
+    pub fn handle_client(
         &mut self,
-        now: Instant,
-        snap: &Snapshot,
-        listener: ListenerRef<'_>,
-        from: SocketAddr,
+        arrival: Arrival<'_>,
         data: &[u8],
         out: &mut [u8],
-        arrival: Arrival,
+    ) -> ClientAction {
+        if let ArrivalKind::Straight = arrival.kind {
+            let path = Path {
+                via: None,
+                forward_misses: self.forward_misses,
+            };
+            return self.handle_arrival(&arrival, path, data, out);
+        }
+        self.handle_rare_arrival(&arrival, data, out)
+    }
+
+    /// [`Engine::handle_client`] for the rare arrivals (forwarded, or a miss answered
+    /// locally), out of line so that the per-packet path is the only inlined copy. Neither
+    /// misses again.
+    #[inline(never)]
+    fn handle_rare_arrival(
+        &mut self,
+        arrival: &Arrival<'_>,
+        data: &[u8],
+        out: &mut [u8],
+    ) -> ClientAction {
+        let via = match arrival.kind {
+            ArrivalKind::Forwarded { via } => Some(via),
+            ArrivalKind::Straight | ArrivalKind::AnsweredLocally => None,
+        };
+        let path = Path {
+            via,
+            forward_misses: false,
+        };
+        self.handle_arrival(arrival, path, data, out)
+    }
+
+    /// The sibling pod the client of relay `relay`'s allocation reaches us through, if it
+    /// does ([`PeerAction::ToClient`]'s `forwarded`).
+    pub fn via(&self, relay: RelayId) -> Option<SocketAddr> {
+        self.allocations.get(relay.slot())?.via
+    }
+
+    #[inline(always)]
+    fn handle_arrival(
+        &mut self,
+        arrival: &Arrival<'_>,
+        path: Path,
+        data: &[u8],
+        out: &mut [u8],
     ) -> ClientAction {
         // RFC 8656 §12.4: ChannelData starts with 0b01; STUN messages start with 0b00.
         match data.first().map(|b| b >> 6) {
-            Some(0b01) => relay::channel_data(
-                &mut self.allocations,
-                &mut self.stats,
-                now,
-                snap,
-                listener.id,
-                from,
-                data,
-                arrival,
-            ),
+            Some(0b01) => {
+                relay::channel_data(&mut self.allocations, &mut self.stats, arrival, path, data)
+            }
             Some(0b00) => match Message::from_bytes(data) {
-                Ok(msg) => self.dispatch_stun(now, snap, listener, from, &msg, out, arrival),
+                Ok(msg) => self.dispatch_stun(arrival, path, &msg, out),
                 Err(_) => ClientAction::Drop(self.dropped(DropReason::Malformed)),
             },
             _ => ClientAction::Drop(self.dropped(DropReason::Malformed)),
         }
     }
 
-    /// Sends a STUN message to the handler of its class and method.
+    /// Sends a STUN message to the handler of its class and method: what needs no credentials
+    /// is answered here, TURN requests after [`Engine::authenticated_request`].
     // Out of line so that `handle_client` stays small enough for the ChannelData path to be
     // inlined whole: a STUN message costs a parse anyway, a call is nothing beside it.
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)] // handle_client's, parsed, and how it arrived
     fn dispatch_stun(
         &mut self,
-        now: Instant,
-        snap: &Snapshot,
-        listener: ListenerRef<'_>,
-        from: SocketAddr,
+        arrival: &Arrival<'_>,
+        path: Path,
         msg: &Message<'_>,
         out: &mut [u8],
-        arrival: Arrival,
     ) -> ClientAction {
         let class = msg.class();
         let method = msg.method();
         let key = ClientKey {
-            listener: listener.id,
-            client: from,
+            listener: arrival.listener.id,
+            client: arrival.client,
         };
         if class == MessageClass::Indication {
             if method == SEND {
                 return relay::send_indication(
                     &mut self.allocations,
                     &mut self.stats,
-                    now,
-                    snap,
-                    key,
-                    msg,
                     arrival,
+                    path,
+                    msg,
                 );
             }
             // Binding indications are keepalives; nothing to answer.
@@ -397,20 +294,30 @@ impl Engine {
         }
         if method == BINDING {
             // RFC 8489 §6.3.1 / stunnerd: Binding is answered without authentication.
-            return match wire::binding_success(msg, from, out) {
-                Some(n) => self.within_amplification_bound(msg, n),
+            return match wire::binding_success(msg, arrival.client, out) {
+                Some(n) => wire::within_amplification_bound(&mut self.stats, msg, n),
                 None => ClientAction::Drop(self.dropped(DropReason::Internal)),
             };
         }
         if ![ALLOCATE, REFRESH, CREATE_PERMISSION, CHANNEL_BIND].contains(&method) {
             // Unknown requests (and RFC 6062 Connect on UDP) get 400, never silence that could
             // be mistaken for loss.
-            return self.reply_unauthenticated(msg, RequestError::UnknownMethod, out);
+            return wire::unauthenticated_reply(
+                &mut self.stats,
+                msg,
+                RequestError::UnknownMethod,
+                out,
+            );
         }
         // RFC 8489 §6.3.1: unknown comprehension-required attributes → 420.
         let unknown = wire::unknown_required_attributes(msg);
         if !unknown.is_empty() {
-            return self.reply_unauthenticated(msg, RequestError::UnknownAttributes(unknown), out);
+            return wire::unauthenticated_reply(
+                &mut self.stats,
+                msg,
+                RequestError::UnknownAttributes(unknown),
+                out,
+            );
         }
         // RFC 8656 §7.2: a retransmitted Allocate is answered from the cached response, so
         // a lost success does not turn into 437.
@@ -425,21 +332,36 @@ impl Engine {
                 {
                     let n = alloc.allocate_response.len();
                     out[..n].copy_from_slice(&alloc.allocate_response);
-                    return self.within_amplification_bound(msg, n);
+                    return wire::within_amplification_bound(&mut self.stats, msg, n);
                 }
             }
         }
         // Second-chance forwarding: a request for an allocation held elsewhere goes to the
         // sibling that holds it, before authentication (its nonce is that sibling's).
-        if arrival.forward_misses && method != ALLOCATE && self.allocations.slot_of(&key).is_none()
-        {
+        if path.forward_misses && method != ALLOCATE && self.allocations.slot_of(&key).is_none() {
             return ClientAction::Miss;
         }
+        self.authenticated_request(arrival, path, key, msg, out)
+    }
+
+    /// A TURN request of the client of `key` (Allocate, Refresh, CreatePermission,
+    /// ChannelBind): authenticated (a challenge if not, within its source's budget), then an
+    /// Allocate on a free 5-tuple, or a request on the client's allocation.
+    fn authenticated_request(
+        &mut self,
+        arrival: &Arrival<'_>,
+        path: Path,
+        key: ClientKey,
+        msg: &Message<'_>,
+        out: &mut [u8],
+    ) -> ClientAction {
+        let (now, snap, from) = (arrival.now, arrival.snap, arrival.client);
+        let method = msg.method();
         let authenticated = match self.auth.authenticate(now, snap, from, msg) {
             Ok(authenticated) => authenticated,
             Err(error) => {
                 let challenge = error.challenge().is_some();
-                let action = self.reply_unauthenticated(msg, error, out);
+                let action = wire::unauthenticated_reply(&mut self.stats, msg, error, out);
                 // Challenges are the one reply an unauthenticated source gets larger than its
                 // request: budget them per source IP. On UDP the source may be spoofed (a
                 // reflection); on TCP, TLS and DTLS it is not, but a client that pipelines
@@ -458,18 +380,20 @@ impl Engine {
         if method == ALLOCATE {
             if existing.is_some() {
                 // RFC 8656 §7.2 step 2: 5-tuple already in use.
-                return self.reply_error(
+                return wire::error_reply(
+                    &mut self.stats,
                     msg,
                     RequestError::AllocationExists,
                     Some(&authenticated.integrity),
                     out,
                 );
             }
-            return self.handle_allocate(snap, listener, key, authenticated, msg, out);
+            return self.handle_allocate(snap, arrival.listener, key, authenticated, msg, out);
         }
         // RFC 8656 §7.3, §9.2, §11.2: no allocation on this 5-tuple → 437.
         let Some(slot) = existing else {
-            return self.reply_error(
+            return wire::error_reply(
+                &mut self.stats,
                 msg,
                 RequestError::NoAllocation,
                 Some(&authenticated.integrity),
@@ -478,8 +402,20 @@ impl Engine {
         };
         // RFC 8656 §5: requests on an allocation must use the credentials that created it.
         match self.allocations.get_mut(slot) {
-            Some(alloc) if alloc.username == authenticated.username => arrival.follow(alloc),
-            _ => return self.reply_error(msg, RequestError::WrongCredentials, None, out),
+            Some(alloc) if alloc.username == authenticated.username => {
+                if path.follow(alloc) {
+                    self.allocations.note_path_change(slot);
+                }
+            }
+            _ => {
+                return wire::error_reply(
+                    &mut self.stats,
+                    msg,
+                    RequestError::WrongCredentials,
+                    None,
+                    out,
+                )
+            }
         }
         match self.handle_allocation_request(now, snap, slot, msg) {
             Ok(lifetime) => {
@@ -492,7 +428,13 @@ impl Engine {
                     None => ClientAction::Drop(self.dropped(DropReason::Internal)),
                 }
             }
-            Err(error) => self.reply_error(msg, error, Some(&authenticated.integrity), out),
+            Err(error) => wire::error_reply(
+                &mut self.stats,
+                msg,
+                error,
+                Some(&authenticated.integrity),
+                out,
+            ),
         }
     }
 
@@ -510,85 +452,52 @@ impl Engine {
             return Err(RequestError::NoAllocation);
         };
         let denial_log = &mut self.denial_log;
-        if let Some(changes) = self.offload_changes.as_mut() {
-            // The request may extend or add what the kernel relays for this allocation; the
-            // shell reads it back through `offload_channels` (a failure changes nothing).
-            let relay = RelayId::new(slot, Family::V4);
-            if !changes.contains(&relay) {
-                changes.push(relay);
-            }
-        }
-        match msg.method() {
+        // What the kernel relays for this allocation changes with the request's success (a
+        // failure changes nothing): the shell reads it back (`offload_*`).
+        let relay = RelayId::new(slot, Family::V4);
+        let (lifetime, changes): (Option<u32>, &[OffloadChange]) = match msg.method() {
             REFRESH => match allocate::refresh(alloc, now, msg)? {
-                Refreshed::Extended(lifetime) => Ok(Some(lifetime.as_secs() as u32)),
+                Refreshed::Extended(lifetime) => (
+                    Some(lifetime.as_secs() as u32),
+                    &[OffloadChange::Deadline(relay)],
+                ),
                 Refreshed::Deleted => {
                     self.delete_allocation(slot);
-                    Ok(Some(0))
+                    (Some(0), &[])
                 }
                 // The relay named is deleted: its lifetime is zero, as for a whole allocation.
                 Refreshed::RelayDeleted(family) => {
-                    self.relays_to_close.push(RelayId::new(slot, family));
-                    Ok(Some(0))
+                    self.allocations.close(RelayId::new(slot, family));
+                    (Some(0), &[OffloadChange::All(relay)])
                 }
             },
             CREATE_PERMISSION => {
-                permission::create_permission(alloc, msg, snap, now, max_permissions, denial_log)
-                    .map(|()| None)
+                let named = permission::create_permission(
+                    alloc,
+                    msg,
+                    snap,
+                    now,
+                    max_permissions,
+                    denial_log,
+                )?;
+                for ip in named {
+                    self.offload.note(OffloadChange::Permission(relay, ip));
+                }
+                (None, &[])
             }
-            _ => permission::channel_bind(alloc, msg, snap, now, max_permissions, denial_log)
-                .map(|()| None),
-        }
-    }
-
-    fn reply_error(
-        &mut self,
-        msg: &Message<'_>,
-        error: RequestError,
-        integrity: Option<&IntegrityKey>,
-        out: &mut [u8],
-    ) -> ClientAction {
-        match wire::error_response(msg, &error, error.reason(), integrity, out) {
-            Some(n) => ClientAction::Reply(n),
-            None => ClientAction::Drop(self.dropped(DropReason::Internal)),
-        }
-    }
-
-    /// An error reply to a request that did not authenticate, within
-    /// [`AMPLIFICATION_FACTOR`] times the request's size: the reason phrase goes first (RFC
-    /// 8489 §14.8: it is for humans), then the whole reply (dropped and counted).
-    fn reply_unauthenticated(
-        &mut self,
-        msg: &Message<'_>,
-        error: RequestError,
-        out: &mut [u8],
-    ) -> ClientAction {
-        let budget = AMPLIFICATION_FACTOR * msg.as_bytes().len();
-        let n = match wire::error_response(msg, &error, error.reason(), None, out) {
-            Some(n) if n > budget => wire::error_response(msg, &error, "", None, out),
-            written => written,
+            _ => {
+                let (number, ip) =
+                    permission::channel_bind(alloc, msg, snap, now, max_permissions, denial_log)?;
+                // The channel, and the permission the bind refreshed (its other channels).
+                self.offload.note(OffloadChange::Channel(relay, number));
+                self.offload.note(OffloadChange::Permission(relay, ip));
+                (None, &[])
+            }
         };
-        let Some(n) = n else {
-            return ClientAction::Drop(self.dropped(DropReason::Internal));
-        };
-        let action = self.within_amplification_bound(msg, n);
-        // The first 401 (no credentials yet) and 438 are the normal challenge; only a 401 to a
-        // request whose MESSAGE-INTEGRITY was checked counts as refused credentials.
-        if matches!(error, RequestError::CredentialsRefused(_))
-            && matches!(action, ClientAction::Reply(_))
-        {
-            self.stats.auth_failures += 1;
+        for &change in changes {
+            self.offload.note(change);
         }
-        action
-    }
-
-    /// `out[..n]`, a reply to the unauthenticated request `msg`, if it is at most
-    /// [`AMPLIFICATION_FACTOR`] times as large; otherwise nothing, counted.
-    fn within_amplification_bound(&mut self, msg: &Message<'_>, n: usize) -> ClientAction {
-        if n <= AMPLIFICATION_FACTOR * msg.as_bytes().len() {
-            ClientAction::Reply(n)
-        } else {
-            ClientAction::Drop(self.dropped(DropReason::Amplification))
-        }
+        Ok(lifetime)
     }
 
     /// An authenticated Allocate on a free 5-tuple: reserves quota (one unit, dual or not) and
@@ -605,7 +514,7 @@ impl Engine {
         let integrity = Some(&authenticated.integrity);
         let request: AllocateRequest = match allocate::allocate_request(msg, listener.spec) {
             Ok(request) => request,
-            Err(error) => return self.reply_error(msg, error, integrity, out),
+            Err(error) => return wire::error_reply(&mut self.stats, msg, error, integrity, out),
         };
         // Reserved here, released in `complete_allocate` on a bind failure or in
         // `delete_allocation`.
@@ -621,7 +530,7 @@ impl Engine {
                 QuotaError::User => RequestError::UserQuotaReached,
                 QuotaError::Global => RequestError::AllocationCapReached,
             };
-            return self.reply_error(msg, error, integrity, out);
+            return wire::error_reply(&mut self.stats, msg, error, integrity, out);
         }
         let slot = self.allocations.reserve_slot();
         let (even_port, dont_fragment) = (request.even_port, request.dont_fragment);
@@ -657,7 +566,7 @@ impl Engine {
                 // The whole Allocate fails; an additional socket bound all the same is closed,
                 // and the slot is free once it is.
                 match (additional, bound.additional) {
-                    (Some(socket), Some(Ok(_))) => self.relays_to_close.push(socket),
+                    (Some(socket), Some(Ok(_))) => self.allocations.close(socket),
                     _ => self.allocations.release_slot(slot),
                 }
                 self.config.ledger.release(&pending.user_id);
@@ -687,8 +596,9 @@ impl Engine {
         ) else {
             // `out` too small (our bug): the relay sockets are closed and nothing is held (the
             // slot is freed once the shell has taken the closes, as for any ended allocation).
-            self.relays_to_close
-                .extend(families.iter().map(|family| RelayId::new(slot, family)));
+            for family in families.iter() {
+                self.allocations.close(RelayId::new(slot, family));
+            }
             self.config.ledger.release(&pending.user_id);
             self.dropped(DropReason::Internal);
             return None;
@@ -702,17 +612,15 @@ impl Engine {
         Some(n)
     }
 
-    /// Handles a datagram from `peer` on relay socket `relay`. The payload is
-    /// `buf[PEER_HEADROOM..]`; the first `PEER_HEADROOM` bytes are free for framing.
+    /// Handles a datagram a peer sent to a relay socket, as it [arrived](PeerArrival). The
+    /// payload is `buf[PEER_HEADROOM..]`; the first `PEER_HEADROOM` bytes are free for framing.
     pub fn handle_peer(
         &mut self,
-        now: Instant,
-        snap: &Snapshot,
-        relay: RelayId,
-        peer: SocketAddr,
+        arrival: PeerArrival<'_>,
         buf: &mut [u8],
         out: &mut [u8],
     ) -> PeerAction {
+        let relay = arrival.relay;
         // A socket the allocation does not have is none the shell holds either.
         let Some(alloc) = self
             .allocations
@@ -724,12 +632,10 @@ impl Engine {
         relay::peer_datagram(
             alloc,
             &mut self.stats,
-            now,
-            snap,
-            peer,
+            &mut self.indication_txids,
+            &arrival,
             buf,
             out,
-            &mut self.indication_txids,
         )
     }
 
@@ -766,7 +672,8 @@ impl Engine {
         }
     }
 
-    /// Whether `client` holds an allocation on `listener`.
+    /// Whether `client` holds an allocation on `listener` (a sibling's forward is served here
+    /// only then).
     pub fn has_allocation(&self, listener: ListenerId, client: SocketAddr) -> bool {
         self.allocations
             .slot_of(&ClientKey { listener, client })
@@ -779,24 +686,11 @@ impl Engine {
     /// reaches (the shell may end an allocation and open a relay for the next Allocate before
     /// it drains this, e.g. within one batch).
     pub fn poll_close(&mut self) -> Option<RelayId> {
-        let relay = self.relays_to_close.pop()?;
-        let slot = relay.slot();
-        if self.allocations.get(slot).is_none()
-            && !self.relays_to_close.iter().any(|r| r.slot() == slot)
-        {
-            self.allocations.release_slot(slot);
-        }
-        Some(relay)
+        self.allocations.poll_close()
     }
 
     fn delete_allocation(&mut self, slot: u32) {
         if let Some(alloc) = self.allocations.remove(slot) {
-            self.relays_to_close.extend(
-                alloc
-                    .families
-                    .iter()
-                    .map(|family| RelayId::new(slot, family)),
-            );
             self.stats.allocations_deleted += 1;
             self.config.ledger.release(&alloc.user_id);
         }

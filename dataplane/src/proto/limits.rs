@@ -1,10 +1,12 @@
 //! What a client may cost before and after it authenticates.
 //!
-//! - [`ChallengeLimiter`]: a token bucket per source IP for the 401/438 challenges sent on
-//!   every transport, so a spoofed UDP source cannot turn the server into a reflection
-//!   amplifier, nor a stream client that pipelines requests get challenges without end. The
-//!   buckets live in a fixed table indexed by a keyed hash of the IP: no address is stored and
-//!   nothing grows with the number of sources (sources whose hashes collide share a budget).
+//! - [`SourceBuckets`]: a token bucket per source IP, in a fixed table indexed by a keyed hash
+//!   of the IP: no address is stored and nothing grows with the number of sources (sources
+//!   whose hashes collide share a budget). The engine budgets the 401/438 challenges it sends
+//!   on every transport with one, so a spoofed UDP source cannot turn the server into a
+//!   reflection amplifier, nor a stream client that pipelines requests get challenges without
+//!   end; second-chance forwarding budgets its owner queries with others
+//!   ([`super::sibling::queries`]).
 //! - [`AllocationLedger`]: allocations held per user-id and in all, shared by the shards. It is
 //!   touched when an allocation is created or released, never per packet.
 
@@ -15,8 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// Buckets in a [`ChallengeLimiter`] table (8 bytes each).
-pub const CHALLENGE_BUCKETS: usize = 16_384;
+/// Buckets in a [`SourceBuckets`] table (8 bytes each).
+pub const SOURCE_BUCKETS: usize = 16_384;
 
 /// Default challenges per second per source IP (all transports).
 pub const DEFAULT_CHALLENGE_RATE: u32 = 200;
@@ -58,8 +60,9 @@ struct Bucket {
     stamp_ms: u32,
 }
 
-/// Per-shard token buckets for challenges, one table for all sources.
-pub struct ChallengeLimiter {
+/// Per-shard token buckets keyed by source IP, one table for all sources (or one bucket
+/// all of them share).
+pub struct SourceBuckets {
     rate: u32,
     burst: u32,
     epoch: Instant,
@@ -68,22 +71,22 @@ pub struct ChallengeLimiter {
     buckets: Box<[Bucket]>,
 }
 
-impl ChallengeLimiter {
-    /// A limiter allowing `burst` challenges at once and `rate` per second per source; `rate`
-    /// 0 allows everything (and allocates no table).
-    pub fn new(rate: u32, burst: u32, epoch: Instant) -> ChallengeLimiter {
-        ChallengeLimiter::with_buckets(rate, burst, epoch, CHALLENGE_BUCKETS)
+impl SourceBuckets {
+    /// Buckets allowing `burst` tokens at once and `rate` per second per source; `rate` 0
+    /// allows everything (and allocates no table).
+    pub fn new(rate: u32, burst: u32, epoch: Instant) -> SourceBuckets {
+        SourceBuckets::with_buckets(rate, burst, epoch, SOURCE_BUCKETS)
     }
 
-    /// A limiter with one bucket that every source shares: `burst` at once and `rate` per
-    /// second over all of them.
-    pub fn shared(rate: u32, burst: u32, epoch: Instant) -> ChallengeLimiter {
-        ChallengeLimiter::with_buckets(rate, burst, epoch, 1)
+    /// One bucket that every source shares: `burst` at once and `rate` per second over all of
+    /// them.
+    pub fn shared(rate: u32, burst: u32, epoch: Instant) -> SourceBuckets {
+        SourceBuckets::with_buckets(rate, burst, epoch, 1)
     }
 
-    fn with_buckets(rate: u32, burst: u32, epoch: Instant, buckets: usize) -> ChallengeLimiter {
+    fn with_buckets(rate: u32, burst: u32, epoch: Instant, buckets: usize) -> SourceBuckets {
         let size = if rate == 0 { 0 } else { buckets };
-        ChallengeLimiter {
+        SourceBuckets {
             rate,
             burst: burst.max(1),
             epoch,
@@ -92,7 +95,8 @@ impl ChallengeLimiter {
         }
     }
 
-    /// Whether a challenge may be sent to `ip` at `now`; takes a token if so.
+    /// Whether `ip` may spend a token at `now` (a challenge sent to it, a query for its miss);
+    /// takes the token if so.
     pub fn allow(&mut self, ip: IpAddr, now: Instant) -> bool {
         if self.rate == 0 {
             return true;
@@ -212,7 +216,7 @@ mod tests {
     #[test]
     fn challenge_bucket_spends_its_burst_then_refills_at_the_rate() {
         let t0 = Instant::now();
-        let mut limiter = ChallengeLimiter::new(10, 5, t0);
+        let mut limiter = SourceBuckets::new(10, 5, t0);
         let ip: IpAddr = "192.0.2.1".parse().unwrap();
         let other: IpAddr = "192.0.2.2".parse().unwrap();
         let allowed = (0..20).filter(|_| limiter.allow(ip, t0)).count();
@@ -230,7 +234,7 @@ mod tests {
     #[test]
     fn a_shared_bucket_is_one_budget_for_every_source() {
         let t0 = Instant::now();
-        let mut limiter = ChallengeLimiter::shared(10, 5, t0);
+        let mut limiter = SourceBuckets::shared(10, 5, t0);
         let sources: Vec<IpAddr> = (1..=20u8).map(|i| IpAddr::from([192, 0, 2, i])).collect();
         assert_eq!(
             sources.iter().filter(|ip| limiter.allow(**ip, t0)).count(),
@@ -249,7 +253,7 @@ mod tests {
     #[test]
     fn rate_zero_allows_everything() {
         let t0 = Instant::now();
-        let mut limiter = ChallengeLimiter::new(0, 0, t0);
+        let mut limiter = SourceBuckets::new(0, 0, t0);
         let ip: IpAddr = "192.0.2.1".parse().unwrap();
         assert!((0..10_000).all(|_| limiter.allow(ip, t0)));
     }

@@ -5,14 +5,20 @@
 //! shell must do; [`Engine`]'s own documentation gives the order of the calls.
 //!
 //! Where things live:
-//! - `contract`: what the engine takes and gives (handles, actions, the relay socket request
-//!   and its answer, drop reasons);
+//! - `contract`: what the engine takes and gives (its config and counters, handles, how a
+//!   datagram arrived, actions, the relay socket request and its answer, drop reasons);
 //! - `engine`: the [`Engine`], which dispatches each message and owns the parts below;
 //! - `store`: allocations, their permissions and channels, and the client 5-tuple index;
 //! - `auth` and `nonce`: long-term credentials over stateless nonces; `limits`: what a client
 //!   may cost before and after it authenticates;
 //! - `allocate`, `permission`: the request handlers (Allocate and Refresh; CreatePermission
 //!   and ChannelBind); `relay`: the data path (ChannelData, Send, peer datagrams);
+//! - `offload`: what a kernel offload is told (the changes it polls, the channels and
+//!   permissions it may relay for);
+//! - [`persist`]: allocations that outlive the process: an allocation as a record, the
+//!   journal's bytes, and what a journal leaves live (the engine exports and adopts records);
+//! - `sibling`: second-chance forwarding between a gateway's pods: the messages, their keys
+//!   and replay windows, and the forwarding policy ([`sibling::Forwarding`]);
 //! - `error`: why a request is refused, and the STUN code for each cause; `wire`: writing
 //!   responses and indications into caller buffers.
 // Wire input reaches every line of this module: memory safety is the compiler's to prove.
@@ -25,7 +31,9 @@ mod engine;
 mod error;
 pub mod limits;
 mod nonce;
+mod offload;
 mod permission;
+pub mod persist;
 pub mod ratelimit;
 mod relay;
 pub mod sibling;
@@ -33,12 +41,14 @@ mod store;
 mod wire;
 
 pub use contract::{
-    BoundRelays, Bytes, ClientAction, DropReason, Family, ListenerId, ListenerRef, PeerAction,
-    RelayBindError, RelayId, RelayRequest, PEER_HEADROOM,
+    Arrival, ArrivalKind, BoundRelays, Bytes, ClientAction, DropReason, EngineConfig, EngineStats,
+    Family, ListenerId, ListenerRef, PeerAction, PeerArrival, RelayBindError, RelayId,
+    RelayRequest, PEER_HEADROOM,
 };
-pub use engine::{Engine, EngineConfig, EngineStats, OffloadChannel};
+pub use engine::Engine;
 pub use limits::{AllocationLedger, Limits};
 pub use nonce::{NonceCheck, NonceIssuer, NONCE_LIFETIME_SECS};
+pub use offload::{OffloadChange, OffloadChannel, OffloadPermission};
 
 use std::time::Duration;
 

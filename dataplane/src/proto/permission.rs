@@ -24,7 +24,7 @@ pub(super) fn create_permission(
     now: Instant,
     max_permissions: usize,
     denial_log: &mut LogLimiter,
-) -> Result<(), RequestError> {
+) -> Result<Vec<IpAddr>, RequestError> {
     alloc.permissions.retain(|p| p.expires_at > now);
     let route = snap.route(&alloc.listener_name);
     let mut named = {
@@ -36,23 +36,26 @@ pub(super) fn create_permission(
             // stunnerd: the peer IP must lie in a cluster routed from the listener; the RFC's
             // answer for a policy denial is 403. Any denied peer fails the whole request.
             if !route.is_some_and(|r| snap.permits_ip(r, ip)) {
-                return Err(denied(denial_log, now, alloc, ip));
+                return Err(denied(denial_log, now, alloc, ip, snap));
             }
             Ok(())
         })?
     };
     // The whole request fits: refresh the held permissions it names, install the others.
+    let mut refreshed = Vec::with_capacity(named.len());
     for permission in &mut alloc.permissions {
         if named.remove(&permission.ip) {
             permission.expires_at = now + PERMISSION_LIFETIME;
+            refreshed.push(permission.ip);
         }
     }
+    refreshed.extend(named.iter().copied());
     alloc.permissions.extend(
         named
             .into_iter()
             .map(|ip| Permission::new(ip, now + PERMISSION_LIFETIME)),
     );
-    Ok(())
+    Ok(refreshed)
 }
 
 /// Binds (or refreshes) the channel the ChannelBind `msg` names, with the permission for its
@@ -64,7 +67,7 @@ pub(super) fn channel_bind(
     now: Instant,
     max_permissions: usize,
     denial_log: &mut LogLimiter,
-) -> Result<(), RequestError> {
+) -> Result<(u16, IpAddr), RequestError> {
     let (Ok(number), Ok(peer)) = (
         msg.attribute::<ChannelNumber>(),
         msg.attribute::<XorPeerAddress>(),
@@ -93,7 +96,7 @@ pub(super) fn channel_bind(
     }
     let route = snap.route(&alloc.listener_name);
     if !route.is_some_and(|r| snap.permits_ip(r, peer.ip())) {
-        return Err(denied(denial_log, now, alloc, peer.ip()));
+        return Err(denied(denial_log, now, alloc, peer.ip(), snap));
     }
     let bound = alloc.channels.iter().any(|c| c.number == number);
     if !bound {
@@ -113,15 +116,26 @@ pub(super) fn channel_bind(
             .channels
             .push(Channel::new(number, peer, now + CHANNEL_LIFETIME)),
     }
-    Ok(())
+    Ok((number, peer.ip()))
 }
 
-/// A policy denial (RFC 8656: 403), logged as stunnerd does, rate-limited per shard.
-fn denied(log: &mut LogLimiter, now: Instant, alloc: &Allocation, peer: IpAddr) -> RequestError {
+/// A policy denial (RFC 8656: 403), logged as stunnerd does (with the cause, where it is not
+/// plainly that no routed endpoint contains the peer), rate-limited per shard.
+fn denied(
+    log: &mut LogLimiter,
+    now: Instant,
+    alloc: &Allocation,
+    peer: IpAddr,
+    snap: &Snapshot,
+) -> RequestError {
     if let Some(suppressed) = log.allow(now) {
+        let reason = snap
+            .refusal_reason(snap.route(&alloc.listener_name), peer)
+            .map(|why| format!(": {why}"))
+            .unwrap_or_default();
         tracing::info!(
             target: "auth",
-            "permission denied on listener {:?} for client \"{}\" to peer {}: no route to endpoint{suppressed}",
+            "permission denied on listener {:?} for client \"{}\" to peer {}: no route to endpoint{reason}{suppressed}",
             alloc.listener_name,
             alloc.key.client,
             peer

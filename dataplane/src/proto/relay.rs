@@ -9,32 +9,31 @@
 //! written: store-forwarding stalls that took ChannelData from 18 to 27 and then 19 ns in
 //! `cargo bench --bench engine`.
 
-use super::contract::{Bytes, ClientAction, DropReason, Family, ListenerId, PeerAction, RelayId};
-use super::engine::EngineStats;
+use super::contract::{
+    Arrival, Bytes, ClientAction, DropReason, EngineStats, Family, PeerAction, PeerArrival, RelayId,
+};
 use super::store::{Allocation, AllocationStore, ClientKey};
 use super::wire;
 use super::{CHANNEL_NUMBERS, PEER_HEADROOM};
 use rand::rngs::StdRng;
 use rand::Rng;
 use std::net::SocketAddr;
-use std::time::Instant;
 use stun_proto::types::attribute::{Attribute, AttributeStaticType};
 use stun_proto::types::message::{Message, TransactionId};
 use turn_types::attribute::{Data, XorPeerAddress};
 use uturn_shared::policy::unmapped_ip;
-use uturn_shared::snapshot::Snapshot;
 
-/// How a client's datagram reached this pod: straight to its listener, or through a sibling
-/// pod (second-chance forwarding), and whether a miss is to be forwarded.
+/// What the engine makes of a client datagram's [`super::ArrivalKind`]: the sibling it came
+/// through, and whether a miss is handed to the shell. Two words, tested per packet.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Arrival {
+pub(super) struct Path {
     /// The sibling it came through.
     pub(super) via: Option<SocketAddr>,
     /// A datagram that finds no allocation is [`ClientAction::Miss`], not dropped or 437.
     pub(super) forward_misses: bool,
 }
 
-impl Arrival {
+impl Path {
     /// What a datagram that needs an allocation and finds none gets.
     #[inline]
     pub(super) fn miss(self, stats: &mut EngineStats) -> ClientAction {
@@ -45,38 +44,41 @@ impl Arrival {
         }
     }
 
-    /// The allocation follows the newest path of its client. Straight from the client (the
-    /// per-packet case) this is one test of a flag that is almost always clear.
+    /// The allocation follows the newest path of its client; whether it moved between
+    /// straight and forwarded (what the kernel offload may relay for it changes). Straight
+    /// from the client (the per-packet case) this is one test of a flag that is almost always
+    /// clear.
     #[inline(always)]
-    pub(super) fn follow(self, alloc: &mut Allocation) {
+    #[must_use]
+    pub(super) fn follow(self, alloc: &mut Allocation) -> bool {
         match self.via {
             None => {
                 if alloc.forwarded {
                     alloc.forwarded = false;
                     alloc.via = None;
+                    return true;
                 }
+                false
             }
             Some(via) => {
+                let moved = !alloc.forwarded;
                 alloc.forwarded = true;
                 alloc.via = Some(via);
+                moved
             }
         }
     }
 }
 
-/// ChannelData from `from` on `listener` (RFC 8656 §12.4): the peer and the payload's range.
+/// ChannelData as it arrived (RFC 8656 §12.4): the peer and the payload's range.
 // Inlined into the engine's one call site, so the action is written where the shell gets it.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)] // the engine's parts it touches, each borrowed apart
 pub(super) fn channel_data(
     store: &mut AllocationStore,
     stats: &mut EngineStats,
-    now: Instant,
-    snap: &Snapshot,
-    listener: ListenerId,
-    from: SocketAddr,
+    arrival: &Arrival<'_>,
+    path: Path,
     data: &[u8],
-    arrival: Arrival,
 ) -> ClientAction {
     if data.len() < 4 {
         return ClientAction::Drop(stats.count_drop(DropReason::Malformed));
@@ -88,25 +90,31 @@ pub(super) fn channel_data(
         return ClientAction::Drop(stats.count_drop(DropReason::Malformed));
     }
     let key = ClientKey {
-        listener,
-        client: from,
+        listener: arrival.listener.id,
+        client: arrival.client,
     };
     let Some(slot) = store.slot_of(&key) else {
-        return arrival.miss(stats);
+        return path.miss(stats);
     };
-    let Some(alloc) = store.get_mut(slot) else {
+    let Some(mut alloc) = store.get_mut(slot) else {
         return ClientAction::Drop(stats.count_drop(DropReason::Internal));
     };
-    arrival.follow(alloc);
+    if path.follow(alloc) {
+        store.note_path_change(slot);
+        let Some(again) = store.get_mut(slot) else {
+            return ClientAction::Drop(stats.count_drop(DropReason::Internal));
+        };
+        alloc = again;
+    }
     let Some(channel) = alloc
         .channels
         .iter_mut()
-        .find(|c| c.number == number && c.expires_at > now)
+        .find(|c| c.number == number && c.expires_at > arrival.now)
     else {
         return ClientAction::Drop(stats.count_drop(DropReason::NoChannel));
     };
     let (peer, family) = (channel.peer, channel.family);
-    let Some(cluster) = channel.admitted(snap, &alloc.listener_name) else {
+    let Some(cluster) = channel.admitted(arrival.snap, &alloc.listener_name) else {
         return ClientAction::Drop(stats.count_drop(DropReason::NotAdmitted));
     };
     ClientAction::Relay {
@@ -119,23 +127,31 @@ pub(super) fn channel_data(
     }
 }
 
-/// A Send indication (RFC 8656 §10.2): the peer and the DATA attribute's range.
+/// A Send indication as it arrived (RFC 8656 §10.2): the peer and the DATA attribute's range.
 pub(super) fn send_indication(
     store: &mut AllocationStore,
     stats: &mut EngineStats,
-    now: Instant,
-    snap: &Snapshot,
-    key: ClientKey,
+    arrival: &Arrival<'_>,
+    path: Path,
     msg: &Message<'_>,
-    arrival: Arrival,
 ) -> ClientAction {
-    let Some(slot) = store.slot_of(&key) else {
-        return arrival.miss(stats);
+    let key = ClientKey {
+        listener: arrival.listener.id,
+        client: arrival.client,
     };
-    let Some(alloc) = store.get_mut(slot) else {
+    let Some(slot) = store.slot_of(&key) else {
+        return path.miss(stats);
+    };
+    let Some(mut alloc) = store.get_mut(slot) else {
         return ClientAction::Drop(stats.count_drop(DropReason::Internal));
     };
-    arrival.follow(alloc);
+    if path.follow(alloc) {
+        store.note_path_change(slot);
+        let Some(again) = store.get_mut(slot) else {
+            return ClientAction::Drop(stats.count_drop(DropReason::Internal));
+        };
+        alloc = again;
+    }
     let (Ok(peer), Some((offset, data))) = (
         msg.attribute::<XorPeerAddress>(),
         msg.raw_attribute_and_offset(Data::TYPE),
@@ -146,7 +162,7 @@ pub(super) fn send_indication(
     let peer = SocketAddr::new(unmapped_ip(peer.ip()), peer.port());
     // RFC 8656 §10.2: relayed only with a permission for the peer's IP (and, here, only
     // to a peer address a routed cluster admits).
-    let cluster = match alloc.permission_admits(snap, peer, now) {
+    let cluster = match alloc.permission_admits(arrival.snap, peer, arrival.now) {
         Ok(cluster) => cluster,
         Err(reason) => return ClientAction::Drop(stats.count_drop(reason)),
     };
@@ -160,23 +176,22 @@ pub(super) fn send_indication(
     }
 }
 
-/// A datagram from `peer` to `alloc`'s relay socket, its payload in `buf[PEER_HEADROOM..]`:
-/// framed as ChannelData in place, or as a Data indication in `out` (RFC 8656 §10.3, §12.5).
+/// A datagram a peer sent to `alloc`'s relay socket, its payload in `buf[PEER_HEADROOM..]`:
+/// framed as ChannelData in place, or as a Data indication in `out` (RFC 8656 §10.3, §12.5),
+/// its transaction id drawn from `indication_txids`.
 // Inlined into the engine's one call site, so the action is written where the shell gets it.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)] // the engine's parts it touches, each borrowed apart
 pub(super) fn peer_datagram(
     alloc: &mut Allocation,
     stats: &mut EngineStats,
-    now: Instant,
-    snap: &Snapshot,
-    peer: SocketAddr,
+    indication_txids: &mut StdRng,
+    arrival: &PeerArrival<'_>,
     buf: &mut [u8],
     out: &mut [u8],
-    indication_txids: &mut StdRng,
 ) -> PeerAction {
+    let (now, snap) = (arrival.now, arrival.snap);
     let len = buf.len().saturating_sub(PEER_HEADROOM);
-    let peer = SocketAddr::new(unmapped_ip(peer.ip()), peer.port());
+    let peer = SocketAddr::new(unmapped_ip(arrival.peer.ip()), arrival.peer.port());
     let listener = alloc.key.listener;
     let client = alloc.key.client;
     let forwarded = alloc.forwarded;

@@ -5,7 +5,7 @@
 //! shell mirrors the slots with its relay sockets, so a peer datagram finds its allocation by
 //! index, without a hash.
 
-use super::contract::{DropReason, Family, ListenerId};
+use super::contract::{DropReason, Family, ListenerId, RelayId};
 use super::error::RequestError;
 use super::PERMISSION_LIFETIME;
 use foldhash::fast::RandomState;
@@ -16,6 +16,7 @@ use std::time::Instant;
 use stun_proto::types::message::TransactionId;
 use uturn_shared::policy::unmapped_ip;
 use uturn_shared::snapshot::{ClusterId, Snapshot};
+use uturn_shared::status::ListenerAllocations;
 
 /// A client's end of an allocation: the listener it came in on and its address (with the
 /// listener's transport and address, the 5-tuple of RFC 8656 §2).
@@ -132,6 +133,31 @@ impl Channel {
     }
 }
 
+/// `channel` of the allocation of `key` as the kernel may relay it at `now`, its permission
+/// ending at `permission`: live and admitted by `snap`, until the first of the two ends.
+fn offloadable(
+    key: ClientKey,
+    listener_name: &str,
+    channel: &mut Channel,
+    permission: Instant,
+    snap: &Snapshot,
+    now: Instant,
+) -> Option<super::offload::OffloadChannel> {
+    if channel.expires_at <= now || permission <= now {
+        return None;
+    }
+    let cluster = channel.admitted(snap, listener_name)?;
+    Some(super::offload::OffloadChannel {
+        listener: key.listener,
+        client: key.client,
+        number: channel.number,
+        peer: channel.peer,
+        expires_at: channel.expires_at,
+        permission_expires_at: permission,
+        cluster,
+    })
+}
+
 /// The families an allocation has a relay socket of: one, or both for a dual allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Families(u8);
@@ -169,6 +195,8 @@ pub(super) struct Allocation {
     /// The families of its relay sockets: a peer of another family is refused (443) and
     /// never reached.
     pub(super) families: Families,
+    /// RFC 8656 DONT-FRAGMENT: its relay sockets set DF (kept for the record of it).
+    pub(super) dont_fragment: bool,
     pub(super) username: String,
     /// Whose quota the allocation counts against.
     pub(super) user_id: String,
@@ -224,36 +252,52 @@ impl Allocation {
     }
 
     /// The channels the kernel may relay at `now`: live, with a live permission, admitted
-    /// by `snap` (see [`super::engine::OffloadChannel`]).
+    /// by `snap` (see [`super::offload::OffloadChannel`]). Linear in the channels and
+    /// permissions together (the permissions are indexed once), never their product.
     pub(super) fn offload_channels(
         &mut self,
         snap: &Snapshot,
         now: Instant,
-    ) -> Vec<super::engine::OffloadChannel> {
-        let (key, alloc_expires) = (self.key, self.expires_at);
+    ) -> Vec<super::offload::OffloadChannel> {
+        let permissions: HashMap<IpAddr, Instant, RandomState> = self
+            .permissions
+            .iter()
+            .filter(|p| p.expires_at > now)
+            .map(|p| (p.ip, p.expires_at))
+            .collect();
+        let key = self.key;
         let listener_name = &self.listener_name;
-        let permissions = &self.permissions;
         self.channels
             .iter_mut()
-            .filter(|c| c.expires_at > now)
             .filter_map(|channel| {
-                let permission = permissions
-                    .iter()
-                    .find(|p| p.ip == channel.peer.ip() && p.expires_at > now)?;
-                let cluster = channel.admitted(snap, listener_name)?;
-                Some(super::engine::OffloadChannel {
-                    listener: key.listener,
-                    client: key.client,
-                    number: channel.number,
-                    peer: channel.peer,
-                    expires_at: channel
-                        .expires_at
-                        .min(permission.expires_at)
-                        .min(alloc_expires),
-                    cluster,
-                })
+                let permission = *permissions.get(&channel.peer.ip())?;
+                offloadable(key, listener_name, channel, permission, snap, now)
             })
             .collect()
+    }
+
+    /// Channel `number`, if the kernel may relay it at `now` (as
+    /// [`Allocation::offload_channels`]).
+    pub(super) fn offload_channel(
+        &mut self,
+        number: u16,
+        snap: &Snapshot,
+        now: Instant,
+    ) -> Option<super::offload::OffloadChannel> {
+        let channel = self.channels.iter_mut().find(|c| c.number == number)?;
+        let permission = self
+            .permissions
+            .iter()
+            .find(|p| p.ip == channel.peer.ip() && p.expires_at > now)?
+            .expires_at;
+        offloadable(
+            self.key,
+            &self.listener_name,
+            channel,
+            permission,
+            snap,
+            now,
+        )
     }
 
     /// Whether the allocation has a relay socket of `ip`'s family (RFC 8656 §9.2, §11.2: a peer
@@ -298,6 +342,12 @@ pub(super) struct AllocationStore {
     slots: Vec<Option<Allocation>>,
     free_slots: Vec<u32>,
     by_client: HashMap<ClientKey, u32, ClientKeyHasher>,
+    /// With a kernel offload: the slots whose client moved between straight and forwarded
+    /// since the engine last asked (their kernel entries change).
+    path_changes: Option<Vec<u32>>,
+    /// Relay sockets the shell must close, drained by [`AllocationStore::poll_close`]; their
+    /// slots stay taken until then.
+    to_close: Vec<RelayId>,
 }
 
 impl AllocationStore {
@@ -307,7 +357,33 @@ impl AllocationStore {
             slots: Vec::new(),
             free_slots: Vec::new(),
             by_client: HashMap::with_hasher(ClientKeyHasher::default()),
+            path_changes: None,
+            to_close: Vec::new(),
         }
+    }
+
+    /// From now on, [`AllocationStore::note_path_change`] records.
+    pub(super) fn record_path_changes(&mut self) {
+        self.path_changes.get_or_insert_with(Vec::new);
+    }
+
+    /// The client of the allocation in `slot` moved between straight and forwarded (rare:
+    /// once per move of a flow).
+    #[cold]
+    pub(super) fn note_path_change(&mut self, slot: u32) {
+        if let Some(changes) = self.path_changes.as_mut() {
+            if !changes.contains(&slot) {
+                changes.push(slot);
+            }
+        }
+    }
+
+    /// The slots noted since the last call.
+    pub(super) fn take_path_changes(&mut self) -> Vec<u32> {
+        self.path_changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Live allocations.
@@ -366,13 +442,52 @@ impl AllocationStore {
         self.slots[slot as usize] = Some(allocation);
     }
 
-    /// Takes the allocation out of `slot`. The slot stays taken until
-    /// [`AllocationStore::release_slot`]: its relay socket is open until the shell closes it,
-    /// and an id handed out again before that would have the shell close the new socket.
+    /// Takes the allocation out of `slot`, and asks the shell to close its relay sockets. The
+    /// slot stays taken until [`AllocationStore::poll_close`] has returned them: a relay socket
+    /// is open until the shell closes it, and an id handed out again before that would have
+    /// the shell close the new socket.
     pub(super) fn remove(&mut self, slot: u32) -> Option<Allocation> {
         let allocation = self.slots.get_mut(slot as usize)?.take()?;
         self.by_client.remove(&allocation.key);
+        let relays = allocation.families.iter();
+        self.to_close
+            .extend(relays.map(|family| RelayId::new(slot, family)));
         Some(allocation)
+    }
+
+    /// Asks the shell to close relay socket `relay` (its slot is released once every socket
+    /// of the slot is closed and no allocation holds it).
+    pub(super) fn close(&mut self, relay: RelayId) {
+        self.to_close.push(relay);
+    }
+
+    /// The next relay socket the shell must close; its slot is free again once no socket of
+    /// it waits and no allocation holds it.
+    pub(super) fn poll_close(&mut self) -> Option<RelayId> {
+        let relay = self.to_close.pop()?;
+        let slot = relay.slot();
+        if self.get(slot).is_none() && !self.to_close.iter().any(|r| r.slot() == slot) {
+            self.release_slot(slot);
+        }
+        Some(relay)
+    }
+
+    /// Live allocations by the name of the listener they were made on.
+    pub(super) fn by_listener(&self) -> Vec<ListenerAllocations> {
+        let mut counts: Vec<ListenerAllocations> = Vec::new();
+        for alloc in self.iter() {
+            match counts
+                .iter_mut()
+                .find(|counted| counted.listener == alloc.listener_name)
+            {
+                Some(counted) => counted.allocations += 1,
+                None => counts.push(ListenerAllocations {
+                    listener: alloc.listener_name.clone(),
+                    allocations: 1,
+                }),
+            }
+        }
+        counts
     }
 
     /// The slots whose allocation expired by `now`.

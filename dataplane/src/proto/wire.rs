@@ -1,10 +1,13 @@
-//! Writing STUN/TURN responses and indications into caller-owned buffers.
+//! Writing STUN/TURN responses and indications into caller-owned buffers, and an error reply
+//! as the [`ClientAction`] that sends it (or the counted drop that does not).
 //!
 //! stunnerd compatibility: no SOFTWARE attribute; FINGERPRINT only on Binding responses (and
 //! there only when the request carried one, to keep the response within ~2x of the request);
 //! authenticated responses carry MESSAGE-INTEGRITY (SHA1).
 
+use super::contract::{ClientAction, DropReason, EngineStats};
 use super::error::RequestError;
+use super::AMPLIFICATION_FACTOR;
 use std::net::SocketAddr;
 use stun_proto::types::attribute::{
     Attribute, AttributeStaticType, AttributeType, AttributeWrite, ErrorCode, Fingerprint, Nonce,
@@ -114,6 +117,63 @@ pub(super) fn error_response(
         integrity,
         out,
     )
+}
+
+/// The reply refusing `msg` for `error`, signed with `integrity` when given (a counted drop if
+/// `out` is too small: our bug).
+pub(super) fn error_reply(
+    stats: &mut EngineStats,
+    msg: &Message<'_>,
+    error: RequestError,
+    integrity: Option<&IntegrityKey>,
+    out: &mut [u8],
+) -> ClientAction {
+    match error_response(msg, &error, error.reason(), integrity, out) {
+        Some(n) => ClientAction::Reply(n),
+        None => ClientAction::Drop(stats.count_drop(DropReason::Internal)),
+    }
+}
+
+/// An error reply to a request that did not authenticate, within [`AMPLIFICATION_FACTOR`]
+/// times the request's size: the reason phrase goes first (RFC 8489 §14.8: it is for humans),
+/// then the whole reply (dropped and counted).
+pub(super) fn unauthenticated_reply(
+    stats: &mut EngineStats,
+    msg: &Message<'_>,
+    error: RequestError,
+    out: &mut [u8],
+) -> ClientAction {
+    let budget = AMPLIFICATION_FACTOR * msg.as_bytes().len();
+    let n = match error_response(msg, &error, error.reason(), None, out) {
+        Some(n) if n > budget => error_response(msg, &error, "", None, out),
+        written => written,
+    };
+    let Some(n) = n else {
+        return ClientAction::Drop(stats.count_drop(DropReason::Internal));
+    };
+    let action = within_amplification_bound(stats, msg, n);
+    // The first 401 (no credentials yet) and 438 are the normal challenge; only a 401 to a
+    // request whose MESSAGE-INTEGRITY was checked counts as refused credentials.
+    if matches!(error, RequestError::CredentialsRefused(_))
+        && matches!(action, ClientAction::Reply(_))
+    {
+        stats.auth_failures += 1;
+    }
+    action
+}
+
+/// `out[..n]`, a reply to the unauthenticated request `msg`, if it is at most
+/// [`AMPLIFICATION_FACTOR`] times as large; otherwise nothing, counted.
+pub(super) fn within_amplification_bound(
+    stats: &mut EngineStats,
+    msg: &Message<'_>,
+    n: usize,
+) -> ClientAction {
+    if n <= AMPLIFICATION_FACTOR * msg.as_bytes().len() {
+        ClientAction::Reply(n)
+    } else {
+        ClientAction::Drop(stats.count_drop(DropReason::Amplification))
+    }
 }
 
 /// An error response for `method` and `txid`, as [`error_response`].

@@ -166,3 +166,32 @@ pub(crate) fn set_spec(spec: &str) {
         }
     }
 }
+
+/// `admin.loglevel`, followed as each config is applied, unless `-l` or `-v` set the spec.
+pub(crate) struct FollowedLevel {
+    /// Whether the config's level is followed (no `-l`, no `-v`).
+    follow: bool,
+    /// The spec the log runs with.
+    running: std::sync::Mutex<String>,
+}
+
+impl FollowedLevel {
+    /// The log running with `spec`; with `follow`, each config's `admin.loglevel` replaces it.
+    pub(crate) fn new(spec: String, follow: bool) -> FollowedLevel {
+        FollowedLevel {
+            follow,
+            running: std::sync::Mutex::new(spec),
+        }
+    }
+
+    /// Runs the log with `loglevel` (an applied config's) if it is followed and differs.
+    pub(crate) fn apply(&self, loglevel: &str) {
+        let Ok(mut running) = self.running.lock() else {
+            return;
+        };
+        if self.follow && *running != loglevel {
+            *running = loglevel.to_owned();
+            set_spec(loglevel);
+        }
+    }
+}

@@ -1,8 +1,7 @@
 //! The stunnerd command line: every flag accepted, clear exits for what is not there yet.
 
 use std::process::Command;
-use uturn_testkit::apiserver;
-use uturn_testkit::stunnerd::{free_port, run_stunnerd, temp_file, wait_until, Stunnerd};
+use uturn_testkit::stunnerd::{free_port, run_stunnerd, temp_file};
 
 fn stunnerd(args: &[&str]) -> (i32, String) {
     run_stunnerd(args)
@@ -107,6 +106,153 @@ fn a_bad_config_names_the_field_and_exits_1() {
     assert!(text.contains("TURN-URI"), "{text}");
 }
 
+/// The options `--help` lists: (long name, takes a value, help text).
+fn help_options() -> Vec<(String, bool, String)> {
+    let (code, help) = stunnerd(&["--help"]);
+    assert_eq!(code, 0, "{help}");
+    let mut options: Vec<(String, bool, String)> = Vec::new();
+    for line in help.lines() {
+        let trimmed = line.trim_start();
+        let flag_line = trimmed.starts_with("--")
+            || (trimmed.starts_with('-') && trimmed.get(2..4) == Some(", "));
+        if line.starts_with("  ") && flag_line && line.len() - trimmed.len() <= 6 {
+            let long = trimmed
+                .split("--")
+                .nth(1)
+                .unwrap_or_default()
+                .split([' ', '\n'])
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            options.push((long, trimmed.contains(" <"), String::new()));
+        } else if let Some((_, _, text)) = options.last_mut() {
+            text.push_str(trimmed);
+            text.push(' ');
+        }
+    }
+    options
+}
+
+/// Every option `--help` lists does what its help says: a flag whose help starts with
+/// "Refused" exits 1 saying it is not supported, every other one is accepted by a dry run.
+/// A flag added to `--help` without a value here fails the test until it is given one.
+#[test]
+fn every_flag_in_help_is_accepted_or_refused_as_the_help_says() {
+    let origin = write("help.yaml", CONFIG);
+    let key = temp_file("sibling.key");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+    let key = key.to_str().unwrap().to_owned();
+    let pem = temp_file("help.pem");
+    std::fs::write(
+        &pem,
+        "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let pem = pem.to_str().unwrap().to_owned();
+    // A value each option takes (the flags that take none are given alone).
+    let values: &[(&str, &[&str])] = &[
+        ("config", &[origin.as_str()]),
+        ("log", &["all:INFO,stunner:DEBUG"]),
+        ("log-format", &["json"]),
+        ("id", &["ns/name"]),
+        ("udp-thread-num", &["4"]),
+        ("drain-timeout", &["30"]),
+        ("io-engine", &["epoll"]),
+        ("offload", &["none"]),
+        ("discovery-timeout", &["5"]),
+        ("max-allocations", &["1000"]),
+        ("max-permissions", &["16"]),
+        ("challenge-rate", &["100"]),
+        ("challenge-burst", &["100"]),
+        ("max-unauthenticated-connections", &["100"]),
+        ("max-unauthenticated-connections-per-ip", &["10"]),
+        ("cds-server-address", &["10.0.0.1:13478"]),
+        ("cds-server-namespace", &["stunner"]),
+        ("cds-server-port", &["13478"]),
+        (
+            "siblings",
+            &["static:10.0.0.2", "--sibling-key-file", key.as_str()],
+        ),
+        ("sibling-port", &["13479"]),
+        ("sibling-key-file", &[key.as_str()]),
+        ("license", &[r#"{"key":"k","hmac":"h"}"#]),
+        ("sni", &["example.com"]),
+        ("kubeconfig", &["/dev/null"]),
+        ("context", &["c"]),
+        ("cluster", &["k"]),
+        ("user", &["u"]),
+        ("namespace", &["media"]),
+        ("server", &["https://127.0.0.1:6443"]),
+        ("token", &["t"]),
+        ("as", &["a"]),
+        ("as-group", &["g"]),
+        ("as-uid", &["1"]),
+        ("certificate-authority", &[pem.as_str()]),
+        (
+            "client-certificate",
+            &[pem.as_str(), "--client-key", pem.as_str()],
+        ),
+        (
+            "client-key",
+            &[pem.as_str(), "--client-certificate", pem.as_str()],
+        ),
+        ("tls-server-name", &["x"]),
+        ("request-timeout", &["5s"]),
+        ("cache-dir", &["/tmp"]),
+        ("username", &["admin"]),
+        ("password", &["secret"]),
+    ];
+    let options = help_options();
+    assert!(options.len() > 40, "{options:#?}");
+    for (long, takes_value, help) in &options {
+        if long == "help" || long == "version" {
+            let (code, text) = stunnerd(&[&format!("--{long}")]);
+            assert_eq!(code, 0, "--{long}: {text}");
+            continue;
+        }
+        let flag = format!("--{long}");
+        let mut args = vec![];
+        if long != "dry-run" {
+            args.push("-d");
+        }
+        if long != "config" {
+            args.extend(["-c", origin.as_str()]);
+        }
+        args.push(flag.as_str());
+        if *takes_value {
+            let Some((_, value)) = values.iter().find(|(name, _)| name == long) else {
+                panic!("{flag} is in --help but this test has no value for it: add one")
+            };
+            args.extend_from_slice(value);
+        }
+        let (code, text) = stunnerd(&args);
+        if help.starts_with("Refused") {
+            assert_eq!(code, 1, "{flag}: its help says refused, yet: {text}");
+            assert!(text.contains("is not supported"), "{flag}: {text}");
+        } else {
+            assert_eq!(code, 0, "{flag}: its help ({help}) offers it, yet: {text}");
+        }
+    }
+    // What the help says of values: -c takes no `k8s`, -l refuses an item it cannot read,
+    // --offload and --io-engine name their modes, and tunnel mode (three arguments) is refused.
+    let (code, text) = stunnerd(&["-d", "-c", "k8s"]);
+    assert_eq!(code, 1, "{text}");
+    let (code, text) = stunnerd(&["-d", "-c", &origin, "-l", "all:INFOO"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("did you mean INFO?"), "{text}");
+    let (code, text) = stunnerd(&["-d", "-c", &origin, "--offload", "foo"]);
+    assert_eq!(code, 1, "--offload foo passed a dry run: {text}");
+    assert!(text.contains("use none, tc, xdp or auto"), "{text}");
+    let (code, text) = stunnerd(&[
+        "-d",
+        "udp://127.0.0.1:5000",
+        "turn://u:p@127.0.0.1",
+        "udp://127.0.0.1:6000",
+    ]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("tunnel mode"), "{text}");
+}
+
 /// kubectl and CDS flags that uturn would only parse and drop are refused, naming the fix.
 #[test]
 fn flags_uturn_would_ignore_are_refused() {
@@ -163,50 +309,6 @@ fn flags_uturn_would_ignore_are_refused() {
         text.contains("CDS_SERVER_ADDR") && text.contains("ignored"),
         "{text}"
     );
-}
-
-/// --as, --as-group and --as-uid reach the API server as impersonation headers.
-#[test]
-fn kubectl_impersonation_flags_reach_the_api_server() {
-    let api = apiserver::FakeApiServer::start();
-    let kubeconfig = api.kubeconfig(&std::env::temp_dir());
-    let (turn, health) = (free_port(), free_port());
-    let config = write(
-        &format!("impersonate-{turn}.yaml"),
-        &format!(
-            "version: v1\nadmin: {{healthcheck_endpoint: \"http://127.0.0.1:{health}\"}}\n\
-             auth: {{credentials: {{username: u, password: p}}}}\n\
-             listeners: [{{name: l, address: 127.0.0.1, port: {turn}, routes: [k]}}]\n\
-             clusters: [{{name: k, type: KUBERNETES, endpoints: [\"media/svc\"]}}]\n"
-        ),
-    );
-    let server = Stunnerd::start(
-        &[
-            "-c",
-            &config,
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--as",
-            "gateway-bot",
-            "--as-group",
-            "media-admins",
-            "--as-uid",
-            "1234",
-            "--request-timeout",
-            "20s",
-        ],
-        &[],
-    );
-    let has = |line: &str| api.headers().iter().any(|h| h == line);
-    assert!(
-        wait_until(20, || has("impersonate-user: gateway-bot")
-            && has("impersonate-group: media-admins")
-            && has("impersonate-uid: 1234")),
-        "{:?}\n{}",
-        api.headers(),
-        server.logs()
-    );
-    let _ = std::fs::remove_file(kubeconfig);
 }
 
 /// TURN-URI mode names the user it runs with but never logs the password.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use uturn_testkit::peers::Peer;
 use uturn_testkit::stunnerd::{free_port, http_get, metric, temp_file, wait_until, Stunnerd};
-use uturn_testkit::tls::served_certificate;
+use uturn_testkit::tls::{chain_between, served_certificate, INTERMEDIATE_SUBJECT};
 use uturn_testkit::turn_client::{stream, TurnClient};
 use uturn_testkit::turncat::{paced_echo, turncat_tunnel};
 
@@ -280,7 +280,9 @@ fn each_certificates_expiry_is_a_gauge_and_an_expired_or_expiring_one_is_logged(
         assert!(error.contains(needle), "{needle:?} missing: {error}");
     }
     assert!(
-        line("listener \"tls\" (TURN-TLS): its certificate").is_none(),
+        !logs
+            .lines()
+            .any(|l| l.contains("listener \"tls\"") && l.contains("its certificate")),
         "{logs}"
     );
 
@@ -343,6 +345,128 @@ fn each_certificates_expiry_is_a_gauge_and_an_expired_or_expiring_one_is_logged(
         server.logs()
     );
     let _ = std::fs::remove_file(&path);
+}
+
+/// A Unix time as a certificate log line prints it (openssl's `Jan  2 03:04:05 2026 GMT`).
+fn certificate_time(unix: i64) -> String {
+    openssl::asn1::Asn1Time::from_unix(unix as libc::time_t)
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn a_chains_first_certificate_to_end_is_the_gauge_and_a_not_yet_valid_one_is_logged() {
+    const DAY: i64 = 86_400;
+    let ports = Ports {
+        health: free_stream_port(),
+        metrics: free_stream_port(),
+        secure: free_stream_port(),
+    };
+    let now = unix_now();
+    // TLS serves a chain whose intermediate ends in 5 days, long before its leaf; DTLS a
+    // certificate valid from the day after tomorrow.
+    let ends = now + 5 * DAY + 3600;
+    let chain = chain_between((now - DAY, now + 300 * DAY), (now - 2 * DAY, ends));
+    let starts = now + 2 * DAY + 3600;
+    let early =
+        uturn_dataplane::io::tls::self_signed_between("127.0.0.1", starts, now + 60 * DAY).unwrap();
+    let path = temp_file("config-safety-chain.yaml");
+    std::fs::write(&path, secure_config(&ports, &chain, &early)).unwrap();
+    let server = start_watching(&format!("file://{}", path.display()));
+    assert!(
+        wait_until(10, || ready(ports.health)),
+        "not ready:\n{}",
+        server.logs()
+    );
+    let gauge = |name: &str| {
+        metric(
+            ports.metrics,
+            &format!("uturn_listener_certificate_expiry_timestamp_seconds{{name=\"{name}\"}} "),
+        )
+    };
+    // The chain ends with its intermediate, not its leaf.
+    assert_eq!(gauge("tls"), Some(ends as f64));
+    assert_eq!(gauge("dtls"), Some((now + 60 * DAY) as f64));
+    let logs = server.logs();
+    let line = |needle: &str| logs.lines().find(|l| l.contains(needle)).map(str::to_owned);
+    let warning = line("its certificate expires").unwrap_or_else(|| panic!("not logged:\n{logs}"));
+    let subject = format!("subject \"{INTERMEDIATE_SUBJECT}\"");
+    for needle in [
+        "WARN",
+        "listener \"tls\"",
+        "its certificate expires in 5 days",
+        &certificate_time(ends),
+        "certificate 2 (an intermediate)",
+        &subject,
+        "listeners[0].cert",
+    ] {
+        assert!(warning.contains(needle), "{needle:?} missing: {warning}");
+    }
+    let error =
+        line("its certificate is not valid until").unwrap_or_else(|| panic!("not logged:\n{logs}"));
+    for needle in [
+        "ERROR",
+        "listener \"dtls\"",
+        &certificate_time(starts),
+        "in 2 days",
+        "listeners[1].cert",
+    ] {
+        assert!(error.contains(needle), "{needle:?} missing: {error}");
+    }
+    // Both are served all the same (clients that do not verify them still connect).
+    let leaf_end = chain.0.find("-----END CERTIFICATE-----\n").unwrap();
+    let leaf = &chain.0[..leaf_end + "-----END CERTIFICATE-----\n".len()];
+    assert_eq!(
+        served_certificate(ports.secure, false).as_deref(),
+        Some(leaf)
+    );
+    assert_eq!(
+        served_certificate(ports.secure, true).as_deref(),
+        Some(early.0.as_str())
+    );
+
+    // A certificate that becomes valid while it is served, with no config change: logged as
+    // not valid yet, then when it becomes valid.
+    let soon =
+        uturn_dataplane::io::tls::self_signed_between("127.0.0.1", unix_now() + 5, now + 300 * DAY)
+            .unwrap();
+    let tls_only: String = secure_config(&ports, &soon, &soon)
+        .lines()
+        .filter(|l| !l.contains("name: dtls"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    rewrite(&path, &tls_only);
+    assert!(
+        wait_until(10, || log_count(
+            &server,
+            "its certificate is not valid until"
+        ) == 2),
+        "the early certificate was not logged:\n{}",
+        server.logs()
+    );
+    assert!(
+        wait_until(15, || log_count(&server, "its certificate became valid")
+            == 1),
+        "its start of validity was not logged:\n{}",
+        server.logs()
+    );
+    let logs = server.logs();
+    let valid = line_of(&logs, "its certificate became valid");
+    assert!(valid.contains("listener \"tls\""), "{valid}");
+    assert!(
+        wait_until(10, || gauge("tls") == Some((now + 300 * DAY) as f64)
+            && gauge("dtls").is_none()),
+        "{:?}",
+        http_get(ports.metrics, "/metrics").map(|(_, body)| body)
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The first line of `logs` holding `needle`.
+fn line_of<'a>(logs: &'a str, needle: &str) -> &'a str {
+    logs.lines()
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("{needle:?} not logged:\n{logs}"))
 }
 
 #[test]

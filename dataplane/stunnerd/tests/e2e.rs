@@ -5,6 +5,7 @@ use std::io::Read;
 use std::net::UdpSocket;
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use uturn_testkit::netns::Shape;
 use uturn_testkit::stunnerd::{free_port, metric, Killed};
 
 fn stunnerd(args: &[&str], shards: &str) -> Killed {
@@ -207,10 +208,14 @@ fn turn_uri_mode_relays() {
     let (_, received, text) = uclient(&args(&host).each_ref().map(String::as_str));
     assert!(text.contains("error 403"), "{text}");
     assert_eq!(received, 0, "{text}");
-    // allow-any does not reach loopback (CVE-2020-26262's class of bug).
-    let (_, received, text) = uclient(&args("127.0.0.1").each_ref().map(String::as_str));
+    // allow-any does not reach loopback (CVE-2020-26262's class of bug): the URI's own
+    // loopback host is the one address its built-in config names (the README's quickstart),
+    // every other loopback address is refused.
+    let (_, received, text) = uclient(&args("127.0.0.2").each_ref().map(String::as_str));
     assert!(text.contains("error 403"), "{text}");
     assert_eq!(received, 0, "{text}");
+    let (_, _, text) = uclient(&args("127.0.0.1").each_ref().map(String::as_str));
+    assert!(!text.contains("error 403"), "{text}");
     let log = server.stdout();
     assert!(
         log.contains("use username \"user1\"") && !log.contains("pass1"),
@@ -218,115 +223,13 @@ fn turn_uri_mode_relays() {
     );
 }
 
-/// A network namespace of this test process's own, `uturn-e2e-<pid>`, joined to the host by a
-/// veth pair on a /30 of 10.213.0.0/16 picked from the pid: the host side is `host_ip` (one of
-/// this host's addresses), the namespace side `peer_ip` (not one). The processes started in it
-/// are killed and the namespace (with its veth pair) deleted when dropped, panic or not.
-struct Netns {
-    name: String,
-    host_link: String,
-    host_ip: std::net::Ipv4Addr,
-    peer_ip: std::net::Ipv4Addr,
-    procs: Vec<Killed>,
-}
-
-/// Runs `ip ARGS`; panics with its stderr if it fails.
-fn ip(args: &[&str]) {
-    let output = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("ip (iproute2)");
-    assert!(
-        output.status.success(),
-        "ip {}: {} (this test creates a network namespace: it must run as root)",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
-}
-
-impl Netns {
-    /// Creates the namespace and the veth pair, addressed and up. Fails loudly (no skipping)
-    /// where namespaces cannot be made: CI runs as root.
-    fn create() -> Netns {
-        let pid = std::process::id();
-        let slot = pid % 16_384;
-        let (third, fourth) = ((slot / 64) as u8, (slot % 64 * 4) as u8);
-        let netns = Netns {
-            name: format!("uturn-e2e-{pid}"),
-            host_link: format!("ute{pid}h"),
-            host_ip: std::net::Ipv4Addr::new(10, 213, third, fourth + 1),
-            peer_ip: std::net::Ipv4Addr::new(10, 213, third, fourth + 2),
-            procs: Vec::new(),
-        };
-        // The guard exists before the first step, so a half-made setup is undone too.
-        let (name, host_link) = (netns.name.as_str(), netns.host_link.as_str());
-        let ns_link = format!("ute{pid}n");
-        ip(&["netns", "add", name]);
-        ip(&[
-            "link", "add", host_link, "type", "veth", "peer", "name", &ns_link, "netns", name,
-        ]);
-        ip(&[
-            "addr",
-            "add",
-            &format!("{}/30", netns.host_ip),
-            "dev",
-            host_link,
-        ]);
-        ip(&["link", "set", host_link, "up"]);
-        let peer_cidr = format!("{}/30", netns.peer_ip);
-        ip(&["-n", name, "addr", "add", &peer_cidr, "dev", &ns_link]);
-        ip(&["-n", name, "link", "set", &ns_link, "up"]);
-        ip(&["-n", name, "link", "set", "lo", "up"]);
-        netns
-    }
-
-    /// Starts a UDP echo peer (python3) on `peer_ip:port` inside the namespace, and waits
-    /// until it echoes a datagram sent from the host side.
-    fn start_echo_peer(&mut self, port: u16) -> std::net::SocketAddr {
-        self.procs.push(uturn_testkit::peers::echo_peer_in_netns(
-            &self.name,
-            self.peer_ip.into(),
-            port,
-        ));
-        let peer = std::net::SocketAddr::from((self.peer_ip, port));
-        let probe = UdpSocket::bind((self.host_ip, 0)).unwrap();
-        probe
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        let mut buf = [0u8; 16];
-        let echoes = uturn_testkit::stunnerd::wait_until(10, || {
-            let _ = probe.send_to(b"ready?", peer);
-            matches!(probe.recv_from(&mut buf), Ok((6, from)) if from == peer)
-        });
-        assert!(echoes, "the echo peer in {} never answered", self.name);
-        peer
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        // Our processes first (by PID), then any left in the namespace (only ours can be),
-        // so none keeps it alive; deleting it removes the veth pair.
-        self.procs.clear();
-        uturn_testkit::peers::kill_netns_processes(&self.name);
-        let quiet = |args: &[&str]| {
-            let _ = Command::new("ip")
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        };
-        quiet(&["netns", "del", &self.name]);
-        quiet(&["link", "del", &self.host_link]);
-    }
-}
-
 /// The relay success the tests above cannot show: a TURN-URI stunnerd (allow-any, 0.0.0.0/0)
 /// relays to a peer that is not one of this host's addresses, one in a network namespace.
 #[test]
 fn turn_uri_mode_relays_to_a_peer_in_a_network_namespace() {
-    let mut netns = Netns::create();
-    let peer = netns.start_echo_peer(free_port());
+    // A peer in a namespace of the test's own, joined to the host: not one of its addresses.
+    let mut netns = Shape::new("ue").host("peer").build();
+    let peer = netns.echo_peer("peer", free_port());
     let port = free_port();
     // Started after the veth exists, so its host side is one of the gateway's own addresses.
     let uri = format!("turn://user1:pass1@127.0.0.1:{port}?transport=udp");
@@ -374,7 +277,7 @@ fn turn_uri_mode_relays_to_a_peer_in_a_network_namespace() {
         assert_eq!(echoed, expected, "through {relay} by {how}");
     }
     // The host side of the veth is one of the gateway's own addresses: refused.
-    let host_side = std::net::IpAddr::V4(netns.host_ip);
+    let host_side = std::net::IpAddr::V4(netns.gateway("peer"));
     assert!(!client.permit(host_side), "{host_side} admitted as a peer");
     assert_eq!(
         client.responses.last().and_then(|r| r.error_code),

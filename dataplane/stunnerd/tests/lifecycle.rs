@@ -157,22 +157,27 @@ fn drain_with_force_ready_status_keeps_ready_at_200() {
     drain_scenario(true);
 }
 
-#[test]
-fn drain_timeout_bounds_the_wait() {
-    let ConfigFile {
-        turn,
-        health,
-        path,
-        origin,
-        ..
-    } = ConfigFile::new("timeout.yaml");
-    let mut server = Stunnerd::start(&["-c", &origin, "--drain-timeout", "1"], &[]);
+/// A ready stunnerd on a config file of its own, started with `flags`, holding one
+/// allocation; the client that holds it, and the config file.
+fn serving_one_allocation(name: &str, flags: &[&str]) -> (Stunnerd, TurnClient, ConfigFile) {
+    let file = ConfigFile::new(name);
+    let mut args = vec!["-c", file.origin.as_str()];
+    args.extend_from_slice(flags);
+    let server = Stunnerd::start(&args, &[]);
+    let health = file.health;
     assert!(wait_until(10, || ready(health).is_some_and(|(c, _)| c == 200)));
-    let turn_addr: SocketAddr = format!("127.0.0.1:{turn}").parse().unwrap();
-    let mut d = TurnClient::new(turn_addr, "alice", "s3cret");
-    d.allocate().expect("allocation");
+    let turn_addr: SocketAddr = format!("127.0.0.1:{}", file.turn).parse().unwrap();
+    let mut client = TurnClient::new(turn_addr, "alice", "s3cret");
+    client.allocate().expect("allocation");
     assert!(wait_until(5, || status(health)
         .is_some_and(|s| s["allocationCount"] == 1)));
+    (server, client, file)
+}
+
+#[test]
+fn drain_timeout_bounds_the_wait() {
+    let (mut server, _client, file) =
+        serving_one_allocation("timeout.yaml", &["--drain-timeout", "1"]);
     server.signal(libc::SIGINT);
     assert_eq!(server.wait_exit_for(4.0), Some(0), "{}", server.logs());
     assert!(
@@ -180,7 +185,46 @@ fn drain_timeout_bounds_the_wait() {
         "{}",
         server.logs()
     );
-    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(file.path);
+}
+
+/// Ctrl-C with a live allocation: the drain says what it waits for, how long, and how to skip
+/// it; a second Ctrl-C exits at once (0), with the allocations it leaves.
+#[test]
+fn a_second_ctrl_c_ends_the_drain_at_once() {
+    let (mut server, _client, file) = serving_one_allocation("twice.yaml", &[]);
+    server.signal(libc::SIGINT);
+    assert!(
+        wait_until(5, || server
+            .logs()
+            .contains("to exit now, press Ctrl-C again")),
+        "{}",
+        server.logs()
+    );
+    let logs = server.logs();
+    assert!(
+        logs.contains(
+            "waiting for the 1 allocation(s) to end, until each is deleted or expires: up to \
+             its lifetime"
+        ),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("--no-graceful-shutdown skips the drain"),
+        "{logs}"
+    );
+    // Still draining a second later: the allocation is live.
+    assert_eq!(server.wait_exit_for(1.0), None, "{logs}");
+    server.signal(libc::SIGINT);
+    assert_eq!(server.wait_exit_for(2.0), Some(0), "{}", server.logs());
+    assert!(
+        server
+            .logs()
+            .contains("signal 2 during graceful shutdown: exiting now with 1 active connection(s)"),
+        "{}",
+        server.logs()
+    );
+    let _ = std::fs::remove_file(file.path);
 }
 
 #[test]
@@ -471,8 +515,13 @@ fn log_specs_format_and_rate_limited_denials() {
         .filter(|l| l.contains("permission denied"))
         .collect();
     assert_eq!(denials.len(), 4, "3 at once, then 1 per second: {logs}");
+    // The cause, where the policy's rules and not the routes refuse the peer.
     assert!(
-        denials[3].ends_with("no route to endpoint (suppressed 5 log events)"),
+        denials[3].ends_with(
+            "no route to endpoint: 127.0.0.9 is a loopback address: only an endpoint inside \
+             that scope admits it (such as 127.0.0.9 itself), never 0.0.0.0/0 or ::/0 \
+             (suppressed 5 log events)"
+        ),
         "{logs}"
     );
     assert!(

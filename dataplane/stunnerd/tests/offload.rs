@@ -6,8 +6,8 @@
 
 use std::net::SocketAddr;
 use std::time::Duration;
-use uturn_testkit::cluster::{forward_ipv4, run, udp_checksum_errors, VethPair};
 use uturn_testkit::link::{TurnLink, LINK_CREDS};
+use uturn_testkit::netns::{Shape, Topology};
 use uturn_testkit::peers::Peer;
 use uturn_testkit::stunnerd::{free_port, metric, status, temp_file, wait_until, Stunnerd};
 use uturn_testkit::turn_client::TurnClient;
@@ -365,146 +365,22 @@ fn a_drain_counts_offloaded_calls_and_exits_when_they_end() {
 
 /// The shape of a pod on a node: network namespaces for the gateway pod, a client and a media
 /// server (the peer), each joined by a veth pair to a "node" namespace that routes between
-/// them. Every veth end computes and verifies checksums in software (offloads off), so a
-/// datagram the program rewrote with a wrong checksum is dropped by its receiver and counted.
-/// Removed (with everything running in it) on drop.
-struct PodShape {
-    prefix: String,
-    /// The pod's and the peer's addresses (the client's is the third pair's far end).
-    pod: std::net::Ipv4Addr,
-    peer: std::net::Ipv4Addr,
-    procs: Vec<uturn_testkit::stunnerd::Killed>,
+/// them, the veths' checksum offloads on (`checksum_offload`) or off: off, every end computes
+/// and verifies checksums in software, so a datagram the program rewrote with a wrong checksum
+/// is dropped by its receiver and counted. Removed (with everything running in it) on drop.
+fn pod_shape(checksum_offload: bool) -> Topology {
+    Shape::new("uo")
+        .router("node", &["pod", "client", "peer"])
+        .checksum_offload(checksum_offload)
+        .build()
 }
 
-impl PodShape {
-    /// The namespaces, with the veths' checksum offloads on (`checksum_offload`) or off.
-    fn create(checksum_offload: bool) -> PodShape {
-        // Tests of one process run in parallel: each shape gets its own names and subnet.
-        static SHAPES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let seq = SHAPES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
-        let pid = std::process::id();
-        let third = ((pid * 10 + seq) % 250) as u8;
-        let prefix = format!("ut{pid}{seq}");
-        let shape = PodShape {
-            prefix: prefix.clone(),
-            pod: [10, 214, third, 2].into(),
-            peer: [10, 214, third, 10].into(),
-            procs: Vec::new(),
-        };
-        let node = shape.ns("node");
-        run(&["ip", "netns", "add", &node]);
-        forward_ipv4(&node);
-        for (i, role) in ["pod", "client", "peer"].into_iter().enumerate() {
-            let ns = shape.ns(role);
-            let base = 4 * i as u8;
-            run(&["ip", "netns", "add", &ns]);
-            VethPair {
-                node: &node,
-                node_side: &format!("{prefix}{i}n"),
-                node_ip: [10, 214, third, base + 1].into(),
-                ns: &ns,
-                far_side: &format!("{prefix}{i}f"),
-                far_ip: [10, 214, third, base + 2].into(),
-            }
-            .create(checksum_offload);
-        }
-        shape
-    }
-
-    fn ns(&self, role: &str) -> String {
-        format!("{}-{role}", self.prefix)
-    }
-
-    /// The pod's interface (its eth0).
-    fn pod_interface(&self) -> String {
-        format!("{}0f", self.prefix)
-    }
-
-    /// Runs an XDP program that passes everything on the node's end of the pod's veth: a veth
-    /// delivers the frames XDP sends out of its other end only to a peer that runs XDP (what
-    /// a CNI that uses XDP does on the host side). Built with clang, as the offload is.
-    fn node_side_xdp(&self) {
-        let source = temp_file("xdp-pass.c");
-        let object = source.with_extension("o");
-        std::fs::write(
-            &source,
-            "#include <linux/bpf.h>\n\
-             __attribute__((section(\"xdp\"), used)) int pass(struct xdp_md *c) { return XDP_PASS; }\n\
-             char _license[] __attribute__((section(\"license\"), used)) = \"GPL\";\n",
-        )
-        .unwrap();
-        let include = format!("/usr/include/{}-linux-gnu", std::env::consts::ARCH);
-        let built = std::iter::once("clang".to_owned())
-            .chain((14..=21).rev().map(|v| format!("clang-{v}")))
-            .any(|clang| {
-                std::process::Command::new(clang)
-                    .args(["-g", "-O2", "-target", "bpf", "-I", &include, "-c"])
-                    .arg(&source)
-                    .arg("-o")
-                    .arg(&object)
-                    .status()
-                    .is_ok_and(|s| s.success())
-            });
-        assert!(
-            built,
-            "no clang to build the node's XDP program (the README's test command installs it)"
-        );
-        let dev = format!("{}0n", self.prefix);
-        let object_path = object.display().to_string();
-        run(&[
-            "ip",
-            "-n",
-            &self.ns("node"),
-            "link",
-            "set",
-            "dev",
-            &dev,
-            "xdpdrv",
-            "obj",
-            &object_path,
-            "sec",
-            "xdp",
-        ]);
-        let _ = std::fs::remove_file(&source);
-        let _ = std::fs::remove_file(&object);
-    }
-
-    /// A UDP echo peer (python3) on the peer's address.
-    fn start_echo_peer(&mut self, port: u16) {
-        let peer =
-            uturn_testkit::peers::echo_peer_in_netns(&self.ns("peer"), self.peer.into(), port);
-        self.procs.push(peer);
-    }
-
-    /// `GET url` from inside namespace `role`.
-    fn get(&self, role: &str, url: &str) -> String {
-        let script =
-            format!("import urllib.request\nprint(urllib.request.urlopen('{url}', timeout=2).read().decode())");
-        std::process::Command::new("ip")
-            .args(["netns", "exec", &self.ns(role), "python3", "-c", &script])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-    }
-
-    /// UDP datagrams namespace `role` received with a bad checksum (`InCsumErrors`).
-    fn checksum_errors(&self, role: &str) -> u64 {
-        udp_checksum_errors(&self.ns(role))
-    }
-}
-
-impl Drop for PodShape {
-    fn drop(&mut self) {
-        self.procs.clear();
-        for role in ["pod", "client", "peer", "node"] {
-            let ns = self.ns(role);
-            uturn_testkit::peers::kill_netns_processes(&ns);
-            // Deleting a namespace removes its ends of the veth pairs, and so the pairs.
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", &ns])
-                .status();
-        }
-    }
+/// `GET path` on `addr` from inside namespace `role`: the body, empty on failure.
+fn get(shape: &Topology, role: &str, addr: SocketAddr, path: &str) -> String {
+    shape
+        .http_get(role, addr, path)
+        .map(|(_, body)| body)
+        .unwrap_or_default()
 }
 
 /// A stunnerd in the pod namespace of `shape` with `--offload MODE`, relaying to its echo peer.
@@ -512,22 +388,20 @@ struct PodServer {
     server: Stunnerd,
     port: u16,
     peer_port: u16,
-    metrics_url: String,
-    health: u16,
+    metrics: SocketAddr,
+    health: SocketAddr,
     config: std::path::PathBuf,
 }
 
 impl PodServer {
-    fn start(shape: &mut PodShape, mode: &str) -> PodServer {
-        let peer_port = free_port();
-        shape.start_echo_peer(peer_port);
+    fn start(shape: &mut Topology, mode: &str) -> PodServer {
+        let peer_port = shape.echo_peer("peer", free_port()).port();
         let (port, metrics, health) = (free_port(), free_port(), free_port());
         let config = temp_file("offload-pod.yaml");
-        let (pod, peer) = (shape.pod.to_string(), shape.peer.to_string());
+        let (pod, peer) = (shape.ip("pod").to_string(), shape.ip("peer").to_string());
         std::fs::write(&config, config_on(&pod, port, health, metrics, &peer)).unwrap();
-        let pod_ns = shape.ns("pod");
         let server = Stunnerd::start_under(
-            &["ip", "netns", "exec", &pod_ns],
+            &shape.exec("pod"),
             &[
                 "--offload",
                 mode,
@@ -536,10 +410,12 @@ impl PodServer {
             ],
             &[],
         );
-        let metrics_url = format!("http://{}:{metrics}/metrics", shape.pod);
+        let (metrics, health) = (
+            (shape.ip("pod"), metrics).into(),
+            (shape.ip("pod"), health).into(),
+        );
         assert!(
-            wait_until(10, || shape
-                .get("pod", &metrics_url)
+            wait_until(10, || get(shape, "pod", metrics, "/metrics")
                 .contains("uturn_offload_channels")),
             "{}",
             server.logs()
@@ -548,45 +424,39 @@ impl PodServer {
             server,
             port,
             peer_port,
-            metrics_url,
+            metrics,
             health,
             config,
         }
     }
 
     /// `/status`'s `offload` object.
-    fn offload(&self, shape: &PodShape) -> serde_json::Value {
-        let url = format!("http://{}:{}/status", shape.pod, self.health);
-        serde_json::from_str::<serde_json::Value>(&shape.get("pod", &url))
+    fn offload(&self, shape: &Topology) -> serde_json::Value {
+        serde_json::from_str::<serde_json::Value>(&get(shape, "pod", self.health, "/status"))
             .map(|s| s["offload"].clone())
             .unwrap_or_default()
     }
 
-    fn offloaded(&self, shape: &PodShape, direction: &str) -> u64 {
-        shape
-            .get("pod", &self.metrics_url)
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix(&format!(
-                    "uturn_offloaded_packets_total{{direction=\"{direction}\"}} "
-                ))
-            })
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+    fn offloaded(&self, shape: &Topology, direction: &str) -> u64 {
+        metric_in(
+            shape,
+            "pod",
+            self.metrics,
+            &format!("uturn_offloaded_packets_total{{direction=\"{direction}\"}} "),
+        )
     }
 
     /// coturn's uclient in the client namespace, channel mode, `n` messages of 500 bytes:
     /// (sent, received, its output).
-    fn uclient(&self, shape: &PodShape, n: u32) -> (u64, u64, String) {
-        let client_ns = shape.ns("client");
+    fn uclient(&self, shape: &Topology, n: u32) -> (u64, u64, String) {
         let (port, peer_port, n) = (
             self.port.to_string(),
             self.peer_port.to_string(),
             n.to_string(),
         );
-        let (pod, peer) = (shape.pod.to_string(), shape.peer.to_string());
+        let (pod, peer) = (shape.ip("pod").to_string(), shape.ip("peer").to_string());
         uturn_testkit::stunnerd::uclient_under(
-            &["ip", "netns", "exec", &client_ns],
+            &shape.exec("client"),
             60,
             &[
                 "-c",
@@ -618,7 +488,7 @@ impl Drop for PodServer {
 
 /// Relays uclient's 100 messages through `pod`: none lost, at least half of each direction
 /// offloaded, no UDP checksum error anywhere. The count sent.
-fn relay_checked(shape: &PodShape, pod: &PodServer) -> u64 {
+fn relay_checked(shape: &Topology, pod: &PodServer) -> u64 {
     let errors_before: Vec<u64> = ["client", "peer", "pod"]
         .iter()
         .map(|r| shape.checksum_errors(r))
@@ -646,7 +516,7 @@ fn relay_checked(shape: &PodShape, pod: &PodServer) -> u64 {
 
 #[test]
 fn relays_through_the_kernel_between_namespaces_shaped_like_a_pod_with_valid_checksums() {
-    let mut shape = PodShape::create(false);
+    let mut shape = pod_shape(false);
     let pod = PodServer::start(&mut shape, "tc");
     assert!(
         pod.server.logs().contains("offload: tc"),
@@ -657,18 +527,9 @@ fn relays_through_the_kernel_between_namespaces_shaped_like_a_pod_with_valid_che
 }
 
 /// The pod's interface's count of frames its XDP program sent back out (`ethtool -S`).
-fn xdp_tx(shape: &PodShape) -> u64 {
-    let pod_ns = shape.ns("pod");
-    let stats = run(&[
-        "ip",
-        "netns",
-        "exec",
-        &pod_ns,
-        "ethtool",
-        "-S",
-        &shape.pod_interface(),
-    ]);
-    stats
+fn xdp_tx(shape: &Topology) -> u64 {
+    shape
+        .run_in("pod", &["ethtool", "-S", shape.dev("pod")])
         .lines()
         .filter_map(|l| l.trim().strip_prefix("rx_queue_"))
         .filter_map(|l| l.split_once("_xdp_tx: "))
@@ -680,8 +541,8 @@ fn xdp_tx(shape: &PodShape) -> u64 {
 fn xdp_relays_in_the_driver_of_a_pods_veth_with_valid_checksums() {
     // Checksum offloads on (a veth's default): datagrams arrive with partial checksums, which
     // the XDP program cannot tell from complete ones; it computes them whole.
-    let mut shape = PodShape::create(true);
-    shape.node_side_xdp();
+    let mut shape = pod_shape(true);
+    shape.xdp_pass_on_gateway("pod");
     let pod = PodServer::start(&mut shape, "xdp");
     let offload = pod.offload(&shape);
     assert_eq!(
@@ -692,7 +553,7 @@ fn xdp_relays_in_the_driver_of_a_pods_veth_with_valid_checksums() {
     );
     assert_eq!(
         offload["xdp_interfaces"],
-        serde_json::json!([shape.pod_interface()]),
+        serde_json::json!([shape.dev("pod")]),
         "{offload}"
     );
     let tx_before = xdp_tx(&shape);
@@ -707,14 +568,7 @@ fn xdp_relays_in_the_driver_of_a_pods_veth_with_valid_checksums() {
     );
     // Killed (SIGKILL), the server leaves no XDP program on the interface.
     drop(pod);
-    let link = run(&[
-        "ip",
-        "-n",
-        &shape.ns("pod"),
-        "link",
-        "show",
-        &shape.pod_interface(),
-    ]);
+    let link = shape.run_in("pod", &["ip", "link", "show", shape.dev("pod")]);
     assert!(!link.contains("xdp"), "{link}");
 }
 
@@ -723,7 +577,7 @@ fn xdp_on_a_veth_whose_peer_drops_what_it_sends_gives_way_to_tc() {
     // A veth's default: no XDP program (and no GRO) on the node's side, so no NAPI there, and
     // every frame the pod's XDP program sends back out is dropped. The server sees the drops, takes XDP off
     // within a second, says why, and TC relays from then on.
-    let mut shape = PodShape::create(true);
+    let mut shape = pod_shape(true);
     let pod = PodServer::start(&mut shape, "xdp");
     assert_eq!(
         pod.offload(&shape)["running"],
@@ -958,4 +812,220 @@ fn a_reload_asking_for_another_offload_is_told_to_restart() {
     );
     assert_eq!(status(health).unwrap()["offload"]["running"], "none");
     let _ = std::fs::remove_file(&config);
+}
+
+/// A gateway in the node namespace of `shape` (a hostNetwork pod on a node that routes for
+/// its pods), `--offload tc`, its listener advertising the node's address toward the client,
+/// its cluster the peer; (server, listener port, metrics address, config file).
+fn node_gateway(
+    shape: &Topology,
+    envs: &[(&str, &str)],
+) -> (Stunnerd, u16, SocketAddr, std::path::PathBuf) {
+    let toward_client = shape.gateway("client").to_string();
+    let (port, health, metrics) = (free_port(), free_port(), free_port());
+    let config = temp_file("offload-node.yaml");
+    std::fs::write(
+        &config,
+        config_on(
+            &toward_client,
+            port,
+            health,
+            metrics,
+            &shape.ip("peer").to_string(),
+        ),
+    )
+    .unwrap();
+    let server = Stunnerd::start_under(
+        &shape.exec("node"),
+        &[
+            "--offload",
+            "tc",
+            "-c",
+            &format!("file://{}", config.display()),
+        ],
+        envs,
+    );
+    let metrics = (shape.gateway("client"), metrics).into();
+    assert!(
+        wait_until(10, || get(shape, "node", metrics, "/metrics")
+            .contains("uturn_offload_channels")),
+        "{}",
+        server.logs()
+    );
+    (server, port, metrics, config)
+}
+
+/// The value of metric line `name ` on the `/metrics` page at `addr`, from namespace `role`.
+fn metric_in(shape: &Topology, role: &str, addr: SocketAddr, name: &str) -> u64 {
+    get(shape, role, addr, "/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A UDP socket bound to `port` of `role`'s address, reading with a short timeout.
+fn socket_in(shape: &Topology, role: &str, port: u16) -> std::net::UdpSocket {
+    let socket = shape.udp_socket(role, port);
+    socket
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    socket
+}
+
+/// What `socket` receives until it has been quiet for its timeout.
+fn drain(socket: &std::net::UdpSocket) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 2048];
+    while let Ok(n) = socket.recv(&mut buf) {
+        got.push(buf[..n].to_vec());
+    }
+    got
+}
+
+/// A client in the client namespace of `shape` with an allocation on the node gateway at
+/// `port` and a channel bound to `peer`, installed in the kernel.
+fn node_client(shape: &Topology, port: u16, peer: SocketAddr, metrics: SocketAddr) -> TurnClient {
+    let (client_ip, gateway) = (shape.ip("client"), shape.gateway("client"));
+    let mut client = shape.in_ns("client", || {
+        TurnClient::on(
+            (client_ip, 0).into(),
+            (gateway, port).into(),
+            LINK_CREDS.0,
+            LINK_CREDS.1,
+            &[turn_types::AddressFamily::IPV4],
+        )
+    });
+    assert!(client.allocate().is_some(), "{:?}", client.events);
+    assert!(client.bind(peer), "{:?}", client.events);
+    assert!(
+        wait_until(5, || metric_in(
+            shape,
+            "node",
+            metrics,
+            "uturn_offload_channels "
+        ) == 1),
+        "the channel was not offloaded"
+    );
+    client
+}
+
+/// Issue 30: a gateway that routes (a hostNetwork pod on a node forwarding for the node's
+/// pods) relays in the kernel only what is addressed to it. A peer's datagram to another host
+/// on a port equal to a relay port reaches that host, and a client's ChannelData to another
+/// host on the listener port reaches that host, as without the offload; before the entries'
+/// keys held the destination address, both went into the relay (to the TURN client, to the
+/// peer). What is addressed to the gateway still relays through the kernel.
+#[test]
+fn a_routing_gateway_relays_in_the_kernel_only_what_is_addressed_to_it() {
+    let shape = pod_shape(false);
+    let (server, port, metrics, config) = node_gateway(&shape, &[]);
+    let relay_side = shape.gateway("peer");
+    let peer_socket = socket_in(&shape, "peer", free_port());
+    let peer = peer_socket.local_addr().unwrap();
+    let mut client = node_client(&shape, port, peer, metrics);
+    let relay_port = client.relayed()[0].port();
+    // The other host: the pod namespace behind the node, with sockets on the relay port and
+    // on the listener port.
+    let other = shape.ip("pod");
+    let other_relay = socket_in(&shape, "pod", relay_port);
+    let other_listener = socket_in(&shape, "pod", port);
+
+    // Peer → another host on the relay port: that host gets it, the client nothing.
+    peer_socket
+        .send_to(b"for the other host", (other, relay_port))
+        .unwrap();
+    assert_eq!(drain(&other_relay), [b"for the other host".to_vec()]);
+    client.drive(0.3);
+    assert!(client.received.is_empty(), "{:?}", client.received);
+
+    // Client → another host on the listener port, ChannelData of the bound channel: that host
+    // gets it as sent, the peer nothing.
+    let mut data = vec![0x40, 0x00, 0x00, 0x05];
+    data.extend_from_slice(b"hello");
+    client.send_raw_to((other, port).into(), &data);
+    assert_eq!(drain(&other_listener), [data.clone()]);
+    assert!(drain(&peer_socket).is_empty());
+    let before = metric_in(
+        &shape,
+        "node",
+        metrics,
+        "uturn_offloaded_packets_total{direction=\"to_client\"} ",
+    );
+
+    // Addressed to the gateway, both directions relay, through the kernel.
+    peer_socket
+        .send_to(b"to the client", (relay_side, relay_port))
+        .unwrap();
+    client.drive(0.5);
+    assert_eq!(client.received, [(peer, b"to the client".to_vec())]);
+    client.send(peer, b"to the peer");
+    assert_eq!(drain(&peer_socket), [b"to the peer".to_vec()]);
+    assert!(
+        wait_until(3, || metric_in(
+            &shape,
+            "node",
+            metrics,
+            "uturn_offloaded_packets_total{direction=\"to_client\"} "
+        ) > before),
+        "{}",
+        server.logs()
+    );
+    let _ = std::fs::remove_file(config);
+}
+
+/// Issue 30: "is this address one of this host's own" is what the routing table says, not
+/// what bind(2) allows. With net.ipv4.ip_nonlocal_bind=1 (keepalived, kube-vip, MetalLB-style
+/// nodes) bind(2) succeeds for any address; before, every peer looked local, and every
+/// offloaded channel was sent into the loopback and lost while the metrics counted it relayed.
+#[test]
+fn with_nonlocal_bind_offloaded_channels_still_reach_their_peers() {
+    let mut shape = pod_shape(false);
+    shape.run_in("pod", &["sysctl", "-qw", "net.ipv4.ip_nonlocal_bind=1"]);
+    let pod = PodServer::start(&mut shape, "tc");
+    relay_checked(&shape, &pod);
+}
+
+/// Issue 30: a full channel map (here `UTURN_OFFLOAD_MAX_CHANNELS=2`) is one WARN with the
+/// count of failed writes, not one per channel per request (a client binding channels past
+/// the map's size cannot flood the log); the channels that did not fit relay in user space.
+#[test]
+fn a_full_map_is_one_warning_and_the_rest_relays_in_user_space() {
+    let s = start("tc", &[], |c| {
+        c.env("UTURN_OFFLOAD_MAX_CHANNELS", "2");
+    });
+    let peers: Vec<Peer> = (0..6).map(|_| Peer::start()).collect();
+    let mut link = TurnLink::connect(uturn_perf::turncat::transport::Protocol::Udp, s.addr())
+        .expect("a UDP socket");
+    link.allocate(false, false).expect("an allocation");
+    // Each channel bound three times: every request used to try the ones that did not fit.
+    for _ in 0..3 {
+        for (i, peer) in peers.iter().enumerate() {
+            link.bind_channel(0x4000 + i as u16, peer.addr)
+                .unwrap_or_else(|code| panic!("ChannelBind: {code}\n{}", s.server.logs()));
+        }
+    }
+    link.drain(1.5);
+    assert!(
+        wait_until(3, || s.channels() == 2),
+        "{} offloaded",
+        s.channels()
+    );
+    link.channel_data.clear();
+    for i in 0..peers.len() {
+        link.send_channel_data(0x4000 + i as u16, format!("echo {i}").as_bytes());
+    }
+    link.drain(1.0);
+    for i in 0..peers.len() {
+        assert!(
+            link.channel_data
+                .iter()
+                .any(|(channel, data)| *channel == 0x4000 + i as u16
+                    && data == format!("echo {i}").as_bytes()),
+            "channel {i} did not relay: {:?}",
+            link.channel_data
+        );
+    }
+    let logs = s.server.logs();
+    assert_eq!(logs.matches("map write(s) failed").count(), 1, "{logs}");
 }

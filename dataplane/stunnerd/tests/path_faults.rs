@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 use uturn_perf::turncat::transport::Protocol;
-use uturn_testkit::cluster::{run, Cluster};
+use uturn_testkit::cluster::Cluster;
 use uturn_testkit::link::TurnLink;
 use uturn_testkit::peers::Peer;
 
@@ -61,11 +61,9 @@ fn a_datagram_the_kernel_refuses_is_a_send_error_not_a_full_buffer() {
 
     // The pod's firewall drops what it sends to the peer: the kernel refuses each datagram
     // (EPERM), which is a send error, not a full buffer.
-    let ns = cluster.pod(0).ns.clone();
     let nft = |rule: &str| {
-        let mut args = vec!["ip", "netns", "exec", &ns, "nft"];
-        args.extend(rule.split(' '));
-        run(&args);
+        let args: Vec<&str> = std::iter::once("nft").chain(rule.split(' ')).collect();
+        cluster.topology().run_in("pod-a", &args);
     };
     nft(&format!("add table inet {TABLE}"));
     nft(&format!(

@@ -4,46 +4,25 @@
 //!
 //! # Layout
 //!
-//! Every [`Cluster`] gets its own namespace names (`uc<pid>x<seq>-<role>`) and its own /24,
-//! `10.215.T.0/24`, so the tests of one binary run side by side. A `node` namespace routes
-//! (`ip_forward=1`) between the others, each joined to it by a veth pair (`to-<role>` on the
-//! node, `eth0` in the namespace, a /30 each, default route via the node's end):
+//! A [`crate::netns::Shape`]: namespace `node` routes between the gateway pods `pod-a` (to
+//! `pod-c`), a `client` and a `peer`, each joined to it by a veth pair on a /30 of the
+//! topology's `10.219.T.0/24` (see [`crate::netns`] for the names and addresses), every veth
+//! end computing and verifying checksums in software (offloads off), so that a datagram the
+//! NAT rewrote with a wrong checksum is dropped by its receiver and counted
+//! ([`udp_checksum_errors`]):
 //!
-//! | role              | address        | runs                                              |
-//! | ----------------- | -------------- | ------------------------------------------------- |
-//! | `pod-a`, `-b`, `-c` | `10.215.T.2`, `.6`, `.10` | a real `stunnerd` ([`Cluster::start_pods`]), `STUNNER_ADDR` its own IP, so its relay addresses are the pod IP |
-//! | `client`          | `10.215.T.14`  | the TURN client ([`Cluster::in_client`])          |
-//! | `peer`            | `10.215.T.18`  | the media server ([`Cluster::in_peer`])           |
-//! | `node`            | `.1`, `.5`, … and the VIP rules | nftables, the admin probes ([`Cluster::status`]) |
+//! | role                | runs                                                           |
+//! | ------------------- | -------------------------------------------------------------- |
+//! | `pod-a`, `-b`, `-c` | a real `stunnerd` ([`Cluster::start_pods`]), `STUNNER_ADDR` its own IP, so its relay addresses are the pod IP |
+//! | `client`            | the TURN client ([`Cluster::in_client`])                       |
+//! | `peer`              | the media server ([`Cluster::in_peer`])                        |
+//! | `node`              | the VIP's stateless NAT, the admin probes ([`Cluster::status`]) |
 //!
-//! The service VIP is `10.215.T.100:3478` ([`Cluster::vip`]); it sits on no interface (as with
-//! kube-proxy's iptables mode): the node's rules alone make it answer. Every veth end computes
-//! and verifies checksums in software (offloads off), so a datagram the NAT rewrote with a wrong
-//! checksum would be dropped by its receiver and counted ([`udp_checksum_errors`]).
-//!
-//! # How the NAT works: stateless, so a move is immediate
-//!
-//! kube-proxy DNATs a service statefully: conntrack pins a 5-tuple to the backend it first
-//! picked, and only deleting the conntrack entry (conntrack netlink, `conntrack -D`) or its
-//! timeout moves an existing flow. There is no conntrack netlink here, and a timeout-based move
-//! (a short `nf_conntrack_udp_timeout` and a client silence longer than it) is slow and racy.
-//! So the node NATs the VIP **statelessly**, in table `ip uturn_vip`:
-//!
-//! - chain `untracked` (prerouting, priority raw): `notrack` for datagrams to the VIP's port
-//!   and from port 3478 to the client, so conntrack keeps no state for the flow at all;
-//! - chain `to_pod` (prerouting, priority mangle, before routing): `ip daddr VIP udp dport 3478
-//!   ip daddr set POD` (the "DNAT"; port 3478 on the pod too);
-//! - chain `from_pod` (postrouting, priority mangle): `ip saddr POD udp sport 3478 ip daddr
-//!   CLIENT ip saddr set VIP` (the "un-DNAT": the client only ever sees the VIP).
-//!
-//! nftables fixes the IP header checksum and, as the address is part of the UDP pseudo-header,
-//! the UDP checksum (`csum_flags 0x1` in `nft --debug=netlink`) of every rewritten datagram.
-//!
-//! [`Cluster::move_flow`] replaces the rules of `to_pod` and `from_pod` in one nftables
-//! transaction (`flush chain …; add rule …`, atomic): the very next datagram of the existing
-//! client 5-tuple reaches the new pod, and its answers come back from the VIP. Nothing else
-//! changes: the client keeps its socket, the old pod keeps its allocations (and times them out
-//! as it would in a cluster where the client went elsewhere).
+//! The service VIP is `10.219.T.100:3478` ([`Cluster::vip`]), NATed by the node for the client
+//! to the current pod, statelessly, so that [`Cluster::move_flow`] moves an existing client
+//! 5-tuple at once ([`crate::netns`]'s "The VIP"). Nothing else changes on a move: the client
+//! keeps its socket, the old pod keeps its allocations (and times them out as it would in a
+//! cluster where the client went elsewhere).
 //!
 //! # Use
 //!
@@ -76,19 +55,21 @@
 //!   on the pod IPs from inside the node namespace, as a kubelet probe would; nothing is
 //!   reachable from the root namespace.
 //! - Root is needed (namespaces, veths, nftables); `nft` (Debian's nftables) and `ethtool` must
-//!   be installed. Everything is removed on drop, also on panic: the processes (by PID, then
-//!   any left in the cluster's own namespaces), then the namespaces, which takes their veths
-//!   and nftables tables with them.
+//!   be installed. Everything is removed on drop, also on panic: the pods' stunnerds, then the
+//!   topology ([`crate::netns::Topology`]'s cleanup).
 
-use crate::stunnerd::{http_get_from, Killed, Stunnerd};
+use crate::netns::{Shape, Topology};
+use crate::stunnerd::Stunnerd;
 use serde_json::Value;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A pod's count of datagrams it dropped for a bad checksum (`second_chance` imports it from
+/// here).
+pub use crate::netns::udp_checksum_errors;
 
 /// The service's port on the VIP, and the TURN listener's port on every pod.
 pub const VIP_PORT: u16 = 3478;
@@ -100,168 +81,8 @@ pub const METRICS_PORT: u16 = 8080;
 /// The names of the pods, in order.
 const POD_NAMES: [&str; 3] = ["a", "b", "c"];
 
-/// The /30 of namespace `role` (whatever the number of pods): pods `a` to `c` 0 to 2, then the
-/// client and the peer.
-fn slot(role: &str) -> u8 {
-    match role {
-        "client" => 3,
-        "peer" => 4,
-        pod => POD_NAMES
-            .iter()
-            .position(|p| pod.strip_prefix("pod-") == Some(*p))
-            .unwrap_or_else(|| panic!("no namespace role {pod}")) as u8,
-    }
-}
-
-/// Runs `args` (a program and its arguments) to its end and returns its stdout; panics with its
-/// stderr if it fails (namespaces and nftables need root).
-pub fn run(args: &[&str]) -> String {
-    run_with_input(args, "")
-}
-
-/// As [`run`], with `input` on its standard input.
-fn run_with_input(args: &[&str], input: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new(args[0])
-        .args(&args[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e}", args[0]));
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(input.as_bytes());
-    }
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "{}: {} (this makes network namespaces and nftables rules: it must run as root)",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// Makes namespace `ns` route IPv4 between its interfaces (`net.ipv4.ip_forward=1`): a node.
-pub fn forward_ipv4(ns: &str) {
-    run(&[
-        "ip",
-        "netns",
-        "exec",
-        ns,
-        "sysctl",
-        "-qw",
-        "net.ipv4.ip_forward=1",
-    ]);
-}
-
-/// Runs `f` on the calling thread inside network namespace `ns` (a name under
-/// `/var/run/netns`), then puts the thread back, also if `f` panics. Sockets `f` creates stay
-/// in `ns` for their whole life, from whatever thread uses them later; threads `f` spawns
-/// start in `ns`.
-pub fn in_netns<T>(ns: &str, f: impl FnOnce() -> T) -> T {
-    struct Back(std::fs::File);
-    impl Drop for Back {
-        fn drop(&mut self) {
-            // SAFETY: setns(2) on a descriptor of the thread's own former namespace.
-            let rc = unsafe { libc::setns(self.0.as_raw_fd(), libc::CLONE_NEWNET) };
-            if rc != 0 && !std::thread::panicking() {
-                panic!(
-                    "setns back to the original namespace: {}",
-                    std::io::Error::last_os_error()
-                );
-            }
-        }
-    }
-    let back = Back(std::fs::File::open("/proc/thread-self/ns/net").expect("own namespace"));
-    let target = std::fs::File::open(format!("/var/run/netns/{ns}"))
-        .unwrap_or_else(|e| panic!("network namespace {ns}: {e}"));
-    // SAFETY: setns(2) on a namespace descriptor; it changes this thread only.
-    let rc = unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(rc, 0, "setns {ns}: {}", std::io::Error::last_os_error());
-    let result = f();
-    drop(back);
-    result
-}
-
-/// UDP datagrams namespace `ns` received with a bad checksum (`InCsumErrors` of
-/// `/proc/net/snmp`).
-pub fn udp_checksum_errors(ns: &str) -> u64 {
-    let snmp = in_netns(ns, || std::fs::read_to_string("/proc/thread-self/net/snmp")).unwrap();
-    let udp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Udp:")).collect();
-    let (names, values) = (udp[0].split_whitespace(), udp[1].split_whitespace());
-    names
-        .zip(values)
-        .find(|(n, _)| *n == "InCsumErrors")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap()
-}
-
-/// A veth pair that joins namespace `ns` to namespace `node` (both made already), each end
-/// on a /30 of its own: what a CNI plugin gives a pod on its node.
-pub struct VethPair<'a> {
-    /// The routing namespace.
-    pub node: &'a str,
-    /// The node's end's name.
-    pub node_side: &'a str,
-    /// The node's end's address (the far end's gateway).
-    pub node_ip: Ipv4Addr,
-    /// The namespace joined to the node.
-    pub ns: &'a str,
-    /// The far end's name (in `ns`).
-    pub far_side: &'a str,
-    /// The far end's address.
-    pub far_ip: Ipv4Addr,
-}
-
-impl VethPair<'_> {
-    /// Makes the pair, addresses both ends (/30), brings them and `ns`'s loopback up and
-    /// routes `ns` by default via the node. With `checksum_offload` false, both ends compute
-    /// and verify checksums in software, so that every receiver checks what a rewrite did.
-    pub fn create(&self, checksum_offload: bool) {
-        let (node, ns) = (self.node, self.ns);
-        run(&[
-            "ip",
-            "-n",
-            node,
-            "link",
-            "add",
-            self.node_side,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            self.far_side,
-            "netns",
-            ns,
-        ]);
-        let ends = [
-            (node, self.node_side, self.node_ip),
-            (ns, self.far_side, self.far_ip),
-        ];
-        for (n, dev, ip) in ends {
-            run(&[
-                "ip",
-                "-n",
-                n,
-                "addr",
-                "add",
-                &format!("{ip}/30"),
-                "dev",
-                dev,
-            ]);
-            run(&["ip", "-n", n, "link", "set", dev, "up"]);
-            if !checksum_offload {
-                run(&[
-                    "ip", "netns", "exec", n, "ethtool", "-K", dev, "tx", "off", "rx", "off",
-                ]);
-            }
-        }
-        run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-        let gateway = self.node_ip.to_string();
-        run(&["ip", "-n", ns, "route", "add", "default", "via", &gateway]);
-    }
-}
+/// The first of the addresses [`Cluster::spoofed_ip`] gives (`.128/25` of the topology).
+const SPOOFED_FIRST: u8 = 128;
 
 /// One gateway pod: its namespace, its address and the stunnerd running in it.
 pub struct Pod {
@@ -276,15 +97,19 @@ pub struct Pod {
     config: Option<PathBuf>,
 }
 
+impl Pod {
+    /// Its role in the topology: `pod-a`, ….
+    fn role(&self) -> String {
+        format!("pod-{}", self.name)
+    }
+}
+
 /// Node, pods, client and peer namespaces with the VIP's NAT; removed on drop.
 pub struct Cluster {
-    prefix: String,
-    subnet: u8,
-    /// The namespaces made so far (a half-made cluster is undone too).
-    namespaces: Vec<String>,
     pods: Vec<Pod>,
     target: usize,
-    procs: Vec<Killed>,
+    /// Dropped after the pods' stunnerds (see `Drop`).
+    topology: Topology,
 }
 
 impl Cluster {
@@ -292,107 +117,81 @@ impl Cluster {
     /// 0 (`a`). Nothing runs in the pods yet: see [`Cluster::start_pods`].
     pub fn new(pods: usize) -> Cluster {
         assert!((1..=POD_NAMES.len()).contains(&pods), "1 to 3 pods");
-        static CLUSTERS: AtomicU32 = AtomicU32::new(0);
-        let seq = CLUSTERS.fetch_add(1, Ordering::Relaxed);
-        let pid = std::process::id();
-        let mut cluster = Cluster {
-            prefix: format!("uc{pid}x{seq}"),
-            subnet: ((pid % 8) * 32 + seq % 32) as u8,
-            namespaces: Vec::new(),
-            pods: Vec::new(),
-            target: 0,
-            procs: Vec::new(),
-        };
-        let node = cluster.ns("node");
-        cluster.add_netns(&node);
-        forward_ipv4(&node);
-        let roles = POD_NAMES[..pods]
+        let roles: Vec<String> = POD_NAMES[..pods]
             .iter()
             .map(|p| format!("pod-{p}"))
-            .chain(["client".to_owned(), "peer".to_owned()]);
-        for role in roles {
-            let far = cluster.link(&role);
-            if let Some(name) = role.strip_prefix("pod-") {
-                let name = POD_NAMES.iter().find(|p| **p == name).unwrap();
-                cluster.pods.push(Pod {
+            .chain(["client".to_owned(), "peer".to_owned()])
+            .collect();
+        let roles: Vec<&str> = roles.iter().map(String::as_str).collect();
+        let topology = Shape::new("uc")
+            .router("node", &roles)
+            .checksum_offload(false)
+            .vip("node", "client", VIP_PORT)
+            .build();
+        let pods = POD_NAMES[..pods]
+            .iter()
+            .map(|name| {
+                let role = format!("pod-{name}");
+                Pod {
                     name,
-                    ns: cluster.ns(&role),
-                    ip: far,
+                    ns: topology.ns(&role).to_owned(),
+                    ip: topology.ip(&role),
                     server: None,
                     config: None,
-                });
-            }
-        }
-        let (vip, client) = (cluster.vip_ip(), cluster.client_ip());
-        run_with_input(
-            &["ip", "netns", "exec", &node, "nft", "-f", "-"],
-            &format!(
-                "table ip uturn_vip {{\n\
-                 chain untracked {{\ntype filter hook prerouting priority raw; policy accept;\n\
-                 ip daddr {vip} udp dport {VIP_PORT} notrack\n\
-                 udp sport {VIP_PORT} ip daddr {client} notrack\n}}\n\
-                 chain to_pod {{\ntype filter hook prerouting priority mangle; policy accept;\n}}\n\
-                 chain from_pod {{\ntype filter hook postrouting priority mangle; policy accept;\n}}\n\
-                 }}\n"
-            ),
-        );
+                }
+            })
+            .collect();
+        let mut cluster = Cluster {
+            pods,
+            target: 0,
+            topology,
+        };
         cluster.move_flow(0);
         cluster
     }
 
-    fn add_netns(&mut self, ns: &str) {
-        run(&["ip", "netns", "add", ns]);
-        self.namespaces.push(ns.to_owned());
-    }
-
-    /// Namespace `role`, joined to the node by a veth pair on the next /30; its address.
-    fn link(&mut self, role: &str) -> Ipv4Addr {
-        let (node, ns) = (self.ns("node"), self.ns(role));
-        self.add_netns(&ns);
-        let node_ip = self.address(4 * slot(role) + 1);
-        let far_ip = self.address(4 * slot(role) + 2);
-        VethPair {
-            node: &node,
-            node_side: &format!("to-{role}"),
-            node_ip,
-            ns: &ns,
-            far_side: "eth0",
-            far_ip,
-        }
-        .create(false);
-        far_ip
-    }
-
-    fn address(&self, last: u8) -> Ipv4Addr {
-        Ipv4Addr::new(10, 215, self.subnet, last)
+    /// The namespaces, links and VIP under the cluster.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
     }
 
     /// The name of namespace `role`: `node`, `client`, `peer`, `pod-a`, `pod-b`, `pod-c`.
     pub fn ns(&self, role: &str) -> String {
-        format!("{}-{role}", self.prefix)
+        self.topology.ns(role).to_owned()
     }
 
-    fn vip_ip(&self) -> Ipv4Addr {
-        self.address(100)
-    }
-
-    /// The service address the client talks to: `10.215.T.100:3478`.
+    /// The service address the client talks to: `10.219.T.100:3478`.
     pub fn vip(&self) -> SocketAddr {
-        (self.vip_ip(), VIP_PORT).into()
+        self.topology.vip()
     }
 
     /// The client namespace's address.
     pub fn client_ip(&self) -> Ipv4Addr {
-        self.namespace_ip("client")
+        self.topology.ip("client")
     }
 
     /// The peer (media server) namespace's address.
     pub fn peer_ip(&self) -> Ipv4Addr {
-        self.namespace_ip("peer")
+        self.topology.ip("peer")
     }
 
-    fn namespace_ip(&self, role: &str) -> Ipv4Addr {
-        self.address(4 * slot(role) + 2)
+    /// Address `i` (0 to [`SPOOFED_IPS`] − 1) of a range no interface holds, `10.219.T.128/25`,
+    /// that the node routes to the client namespace: the sources of a [`Spoofer`].
+    pub fn spoofed_ip(&self, i: u8) -> Ipv4Addr {
+        assert!(i < SPOOFED_IPS, "spoofed address {i} beyond {SPOOFED_IPS}");
+        self.topology.address(SPOOFED_FIRST + i)
+    }
+
+    /// A raw socket in the client namespace that sends UDP from any source address (see
+    /// [`Spoofer`]); the node routes [`Cluster::spoofed_ip`]'s range to the client namespace,
+    /// so that reverse-path filtering passes them and answers go back (where nothing takes
+    /// them).
+    pub fn spoofer(&self) -> Spoofer {
+        let range = format!("{}/25", self.topology.address(SPOOFED_FIRST));
+        let client = self.client_ip().to_string();
+        self.topology
+            .run_in("node", &["ip", "route", "replace", &range, "via", &client]);
+        self.in_client(Spoofer::new)
     }
 
     /// The pods, `a` first.
@@ -469,58 +268,38 @@ impl Cluster {
         }
     }
 
-    /// Runs `f` inside the client namespace (see [`in_netns`]): a socket made there is the
-    /// client's, whichever thread uses it.
+    /// Runs `f` inside the client namespace (see [`crate::netns::in_netns`]): a socket made
+    /// there is the client's, whichever thread uses it.
     pub fn in_client<T>(&self, f: impl FnOnce() -> T) -> T {
-        in_netns(&self.ns("client"), f)
+        self.topology.in_ns("client", f)
     }
 
     /// Runs `f` inside the peer namespace: an echo peer there is
     /// `cluster.in_peer(|| Peer::on(&cluster.peer_ip().to_string()))`.
     pub fn in_peer<T>(&self, f: impl FnOnce() -> T) -> T {
-        in_netns(&self.ns("peer"), f)
+        self.topology.in_ns("peer", f)
     }
 
     /// Runs `f` inside pod `i`'s namespace.
     pub fn in_pod<T>(&self, i: usize, f: impl FnOnce() -> T) -> T {
-        in_netns(&self.pods[i].ns, f)
+        self.topology.in_ns(&self.pods[i].role(), f)
     }
 
     /// Runs `f` inside the node namespace (where every address of the cluster is reachable).
     pub fn in_node<T>(&self, f: impl FnOnce() -> T) -> T {
-        in_netns(&self.ns("node"), f)
+        self.topology.in_ns("node", f)
     }
 
     /// Spawns `program ARGS` inside namespace `role` (`ip netns exec`), its output discarded;
     /// killed when the cluster drops. Its PID.
     pub fn spawn_in(&mut self, role: &str, program: &str, args: &[&str]) -> u32 {
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.ns(role), program])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("ip netns exec … {program}: {e}"));
-        let pid = child.id();
-        self.procs.push(Killed(child));
-        pid
+        self.topology.spawn_in(role, program, args)
     }
 
     /// Moves the VIP, and with it every client flow at once, to pod `to`: both NAT rules are
-    /// replaced in one nftables transaction (see the module doc).
+    /// replaced in one nftables transaction (see [`crate::netns`]'s "The VIP").
     pub fn move_flow(&mut self, to: usize) {
-        let (vip, client, pod) = (self.vip_ip(), self.client_ip(), self.pods[to].ip);
-        run_with_input(
-            &["ip", "netns", "exec", &self.ns("node"), "nft", "-f", "-"],
-            &format!(
-                "flush chain ip uturn_vip to_pod\n\
-                 flush chain ip uturn_vip from_pod\n\
-                 add rule ip uturn_vip to_pod ip daddr {vip} udp dport {VIP_PORT} counter \
-                 ip daddr set {pod}\n\
-                 add rule ip uturn_vip from_pod ip saddr {pod} udp sport {VIP_PORT} \
-                 ip daddr {client} counter ip saddr set {vip}\n"
-            ),
-        );
+        self.topology.point_vip(&self.pods[to].role());
         self.target = to;
     }
 
@@ -532,33 +311,13 @@ impl Cluster {
     /// Datagrams (to the pod, from the pod) that the NAT rewrote since the last
     /// [`Cluster::move_flow`]: how much of the flow reached the current target.
     pub fn steered(&self) -> (u64, u64) {
-        let count = |chain: &str| {
-            let rules = run(&[
-                "ip",
-                "netns",
-                "exec",
-                &self.ns("node"),
-                "nft",
-                "list",
-                "chain",
-                "ip",
-                "uturn_vip",
-                chain,
-            ]);
-            rules
-                .split("counter packets ")
-                .nth(1)
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0)
-        };
-        (count("to_pod"), count("from_pod"))
+        self.topology.vip_steered()
     }
 
     /// `GET path` on `port` of pod `i`'s address, from the node: status code and body.
     pub fn http_get(&self, i: usize, port: u16, path: &str) -> Option<(u16, String)> {
         let addr = SocketAddr::from((self.pods[i].ip, port));
-        self.in_node(|| http_get_from(addr, path))
+        self.topology.http_get("node", addr, path)
     }
 
     /// Pod `i`'s `/status` document (on [`HEALTH_PORT`]), if it answers.
@@ -607,23 +366,14 @@ impl Cluster {
     /// and the end of each pod's stunnerd log.
     pub fn describe(&self) -> String {
         let mut text = format!(
-            "cluster {}: VIP {} -> pod {} ({}); client {}, peer {}\n",
-            self.prefix,
+            "cluster: VIP {} -> pod {} ({}); client {}, peer {}\n",
             self.vip(),
             self.pods[self.target].name,
             self.pods[self.target].ip,
             self.client_ip(),
             self.peer_ip()
         );
-        for pod in &self.pods {
-            text += &format!("pod {}: {} in namespace {}\n", pod.name, pod.ip, pod.ns);
-        }
-        let rules = Command::new("ip")
-            .args(["netns", "exec", &self.ns("node"), "nft", "list", "ruleset"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        text += &format!("node's nftables:\n{rules}");
+        text += &self.topology.describe();
         for pod in &self.pods {
             if let Some(server) = &pod.server {
                 let logs = server.logs();
@@ -641,23 +391,13 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // Our processes by PID first, then anything left in our own namespaces (only ours can
-        // be there), so none keeps a namespace alive; deleting a namespace removes its veth
-        // ends (and so the pairs) and its nftables tables.
+        // The pods' stunnerds first (by PID), then the topology (its own processes, whatever
+        // is left in its namespaces, the namespaces).
         for pod in &mut self.pods {
             pod.server = None;
             if let Some(config) = pod.config.take() {
                 let _ = std::fs::remove_file(config);
             }
-        }
-        self.procs.clear();
-        for ns in self.namespaces.iter().rev() {
-            crate::peers::kill_netns_processes(ns);
-            let _ = Command::new("ip")
-                .args(["netns", "del", ns])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
         }
     }
 }
@@ -674,5 +414,101 @@ impl Drop for TaggedEcho {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// How many addresses [`Cluster::spoofed_ip`] gives.
+pub const SPOOFED_IPS: u8 = 127;
+
+/// A raw IPv4 socket (`IPPROTO_RAW`, the IP header ours) that sends UDP datagrams from any
+/// source address and port: what an attacker who spoofs its sources sends. Made with
+/// [`Cluster::spoofer`] in the client namespace.
+pub struct Spoofer {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Spoofer {
+    fn new() -> Spoofer {
+        use std::os::fd::FromRawFd;
+        // SAFETY: socket(2) with constant arguments; the descriptor is owned from here on.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+        assert!(
+            fd >= 0,
+            "raw socket: {} (needs root)",
+            std::io::Error::last_os_error()
+        );
+        Spoofer {
+            // SAFETY: a fresh descriptor nothing else owns.
+            fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) },
+        }
+    }
+
+    /// Sends `payload` in a UDP datagram from `from` to `to` (the UDP checksum computed, the IP
+    /// header's filled in by the kernel).
+    pub fn send(
+        &self,
+        from: std::net::SocketAddrV4,
+        to: std::net::SocketAddrV4,
+        payload: &[u8],
+    ) -> std::io::Result<()> {
+        let udp_len = 8 + payload.len();
+        let total = 20 + udp_len;
+        let mut packet = Vec::with_capacity(total);
+        packet.extend_from_slice(&[0x45, 0]);
+        packet.extend_from_slice(&(total as u16).to_be_bytes());
+        // Id 0 (the kernel fills it), don't fragment, TTL 64, UDP, checksum 0 (filled too).
+        packet.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]);
+        packet.extend_from_slice(&from.ip().octets());
+        packet.extend_from_slice(&to.ip().octets());
+        packet.extend_from_slice(&from.port().to_be_bytes());
+        packet.extend_from_slice(&to.port().to_be_bytes());
+        packet.extend_from_slice(&(udp_len as u16).to_be_bytes());
+        packet.extend_from_slice(&[0, 0]);
+        packet.extend_from_slice(payload);
+        // RFC 768: the one's complement sum over the pseudo-header, header and data.
+        let mut pseudo = Vec::with_capacity(12 + udp_len + 1);
+        pseudo.extend_from_slice(&from.ip().octets());
+        pseudo.extend_from_slice(&to.ip().octets());
+        pseudo.extend_from_slice(&[0, 17]);
+        pseudo.extend_from_slice(&(udp_len as u16).to_be_bytes());
+        pseudo.extend_from_slice(&packet[20..]);
+        if pseudo.len() % 2 == 1 {
+            pseudo.push(0);
+        }
+        let mut sum: u32 = pseudo
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        let checksum = match !(sum as u16) {
+            0 => 0xffff,
+            c => c,
+        };
+        packet[26..28].copy_from_slice(&checksum.to_be_bytes());
+        let dest = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(to.ip().octets()),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: sendto(2) on our descriptor, with a buffer and an address of the sizes given.
+        let sent = unsafe {
+            libc::sendto(
+                std::os::fd::AsRawFd::as_raw_fd(&self.fd),
+                packet.as_ptr().cast(),
+                packet.len(),
+                0,
+                (&dest as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        };
+        if sent < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 }

@@ -19,8 +19,8 @@ use turn_types::attribute::{
 };
 use turn_types::message::{ALLOCATE, SEND};
 use uturn_dataplane::proto::{
-    BoundRelays, Bytes, ClientAction, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction,
-    RelayBindError, RelayId, PEER_HEADROOM,
+    Arrival, ArrivalKind, BoundRelays, Bytes, ClientAction, Engine, EngineConfig, ListenerId,
+    ListenerRef, PeerAction, PeerArrival, RelayBindError, RelayId, PEER_HEADROOM,
 };
 use uturn_shared::config::parse_config;
 use uturn_shared::snapshot::{Host, RelayAddresses, Snapshot};
@@ -154,21 +154,27 @@ impl Harness {
         self.engine.handle_timeout(self.now);
     }
 
-    /// Hands `data` from `from` to the engine on the first listener; what it asks for, as is
-    /// (an `AllocateRelay` is left for the caller to complete).
+    /// Hands `data` from `from` to the engine on the first listener, straight from the
+    /// client; what it asks for, as is (an `AllocateRelay` is left for the caller to
+    /// complete).
     pub fn handle(&mut self, from: &str, data: &[u8]) -> ClientAction {
-        let spec = self.snap.listeners[0].clone();
-        self.engine.handle_client(
-            self.now,
-            &self.snap,
-            ListenerRef {
+        self.handle_as(from, data, ArrivalKind::Straight)
+    }
+
+    /// As [`Harness::handle`], for a datagram of client `from` that arrived as `kind`
+    /// (forwarded by a sibling, or a miss answered here).
+    pub fn handle_as(&mut self, from: &str, data: &[u8], kind: ArrivalKind) -> ClientAction {
+        let arrival = Arrival {
+            now: self.now,
+            snap: &self.snap,
+            listener: ListenerRef {
                 id: ListenerId(1),
-                spec: &spec,
+                spec: &self.snap.listeners[0],
             },
-            from.parse().unwrap(),
-            data,
-            &mut self.out,
-        )
+            client: from.parse().unwrap(),
+            kind,
+        };
+        self.engine.handle_client(arrival, data, &mut self.out)
     }
 
     /// As [`Harness::handle`], but an `AllocateRelay` is completed at once with the next
@@ -209,14 +215,13 @@ impl Harness {
     pub fn peer(&mut self, relay: RelayId, peer: &str, payload: &[u8]) -> (PeerAction, Vec<u8>) {
         let mut buf = vec![0u8; PEER_HEADROOM + payload.len()];
         buf[PEER_HEADROOM..].copy_from_slice(payload);
-        let action = self.engine.handle_peer(
-            self.now,
-            &self.snap,
+        let arrival = PeerArrival {
+            now: self.now,
+            snap: &self.snap,
             relay,
-            peer.parse().unwrap(),
-            &mut buf,
-            &mut self.out,
-        );
+            peer: peer.parse().unwrap(),
+        };
+        let action = self.engine.handle_peer(arrival, &mut buf, &mut self.out);
         let bytes = match &action {
             PeerAction::ToClient {
                 bytes: Bytes::Input(r),

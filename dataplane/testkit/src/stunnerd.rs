@@ -168,14 +168,7 @@ impl Stunnerd {
 
     /// Waits up to `secs` for the process to exit; its exit code.
     pub fn wait_exit_for(&mut self, secs: f64) -> Option<i32> {
-        let deadline = std::time::Instant::now() + Duration::from_secs_f64(secs);
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        wait_child(&mut self.child, secs)
     }
 
     /// Waits for the process to exit (up to 10 s) and returns its exit code.
@@ -188,6 +181,19 @@ impl Stunnerd {
         }
         None
     }
+}
+
+/// Waits up to `secs` for `child` to exit; its exit code (`None`: still running, or killed by
+/// a signal).
+pub fn wait_child(child: &mut Child, secs: f64) -> Option<i32> {
+    let deadline = std::time::Instant::now() + Duration::from_secs_f64(secs);
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status.code();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
 }
 
 impl Drop for Stunnerd {
@@ -342,4 +348,91 @@ pub fn uclient_under(wrapper: &[&str], secs: u32, args: &[&str]) -> (u64, u64, S
             .unwrap_or(0)
     };
     (last("tot_send_msgs="), last("tot_recv_msgs="), text)
+}
+
+/// STUNner's own stunnerd (github.com/l7mp/stunner v1.2.1, `cmd/stunnerd`), the reference a
+/// differential test runs beside [`stunnerd_binary`]: `target/go/bin/stunnerd-stunner`, which
+/// `bash .ci/go-components` builds from the Go module proxy (or `UTURN_STUNNER_BINARY`, if set).
+/// Panics, with that command, when it is missing: a differential test never skips.
+pub fn stunner_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("UTURN_STUNNER_BINARY") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.exists(),
+            "UTURN_STUNNER_BINARY={} does not exist",
+            path.display()
+        );
+        return path;
+    }
+    // target/<profile>/deps/<test> → target/go/bin/stunnerd-stunner.
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .expect("the test executable sits in target/<profile>/deps");
+    let path = target.join("go/bin/stunnerd-stunner");
+    assert!(
+        path.exists(),
+        "STUNner's stunnerd is missing at {}: build it with `bash .ci/go-components` (from the \
+         repository's root; it builds github.com/l7mp/stunner v1.2.1 cmd/stunnerd from the Go \
+         module proxy into target/go/bin/stunnerd-stunner)",
+        path.display()
+    );
+    path
+}
+
+/// Runs `binary ARGS` with `envs` to its end (without `STUNNER_CONFIG_ORIGIN` from the
+/// environment), given up (and killed) after `secs`: its exit code (`None`: still running
+/// after `secs`, or killed by a signal) and its output, stdout then stderr. [`run_stunnerd`]
+/// for any stunnerd binary.
+pub fn run_binary(
+    binary: &Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    secs: f64,
+) -> (Option<i32>, String) {
+    let out_path = temp_file("run.out");
+    let err_path = temp_file("run.err");
+    let mut child = Command::new(binary)
+        .args(args)
+        .env_remove("STUNNER_CONFIG_ORIGIN")
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(std::fs::File::create(&out_path).unwrap()))
+        .stderr(Stdio::from(std::fs::File::create(&err_path).unwrap()))
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
+    let code = wait_child(&mut child, secs);
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&out_path).unwrap_or_default()
+        + &std::fs::read_to_string(&err_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    let _ = std::fs::remove_file(&err_path);
+    (code, text)
+}
+
+impl Stunnerd {
+    /// Starts `binary ARGS` with `envs`, as [`Stunnerd::start`] starts this workspace's
+    /// stunnerd (`UTURN_SHARDS=1` unless `envs` sets it; other binaries ignore it): for a
+    /// differential test that runs another stunnerd ([`stunner_binary`]) the same way.
+    pub fn start_binary(binary: &Path, args: &[&str], envs: &[(&str, &str)]) -> Stunnerd {
+        let log = std::env::temp_dir().join(format!(
+            "uturn-stunnerd-{}-{}.log",
+            std::process::id(),
+            free_port()
+        ));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(binary)
+            .args(args)
+            .env_remove("STUNNER_CONFIG_ORIGIN")
+            .env("UTURN_SHARDS", "1")
+            .envs(envs.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
+        Stunnerd { child, log }
+    }
 }

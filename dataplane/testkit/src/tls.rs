@@ -56,6 +56,39 @@ pub fn self_signed_cert(dir: &Path) -> Certificate {
     }
 }
 
+/// The subject of [`chain_between`]'s intermediate.
+pub const INTERMEDIATE_SUBJECT: &str = "CN=uturn test intermediate";
+
+/// A certificate chain for 127.0.0.1 as a listener serves it, PEM (the leaf, then the
+/// intermediate that issued it), and the leaf's key: the leaf valid over `leaf`, the
+/// intermediate ([`INTERMEDIATE_SUBJECT`]) over `intermediate` (each `(notBefore, notAfter)`
+/// in Unix seconds), under a root valid ten years either side of now (not in the chain, as
+/// servers leave the root out).
+pub fn chain_between(leaf: (i64, i64), intermediate: (i64, i64)) -> (String, String) {
+    use uturn_dataplane::io::tls::{certificate_between, Issuer};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let decade = 3653 * 86_400;
+    let (root, root_key) =
+        certificate_between("uturn test root", now - decade, now + decade, None, true).unwrap();
+    let name = INTERMEDIATE_SUBJECT.trim_start_matches("CN=");
+    let by_root = Issuer {
+        cert: &root,
+        key: &root_key,
+    };
+    let (middle, middle_key) =
+        certificate_between(name, intermediate.0, intermediate.1, Some(by_root), true).unwrap();
+    let by_middle = Issuer {
+        cert: &middle,
+        key: &middle_key,
+    };
+    let (leaf, leaf_key) =
+        certificate_between("127.0.0.1", leaf.0, leaf.1, Some(by_middle), false).unwrap();
+    (format!("{leaf}{middle}"), leaf_key)
+}
+
 /// The server certificate (PEM) `openssl s_client` sees on 127.0.0.1:`port`, over DTLS 1.2
 /// if `dtls`, else TLS.
 pub fn served_certificate(port: u16, dtls: bool) -> Option<String> {

@@ -61,6 +61,18 @@ impl TurnClient {
         } else {
             "[::1]:0"
         };
+        TurnClient::on(local.parse().unwrap(), server, user, pass, families)
+    }
+
+    /// A client on `local` (an address of the network namespace the calling thread is in:
+    /// the socket stays there) that starts allocating relays of `families` on `server`.
+    pub fn on(
+        local: SocketAddr,
+        server: SocketAddr,
+        user: &str,
+        pass: &str,
+        families: &[AddressFamily],
+    ) -> TurnClient {
         let socket = UdpSocket::bind(local).unwrap();
         socket
             .set_read_timeout(Some(Duration::from_millis(2)))
@@ -232,6 +244,19 @@ impl TurnClient {
             self.sent.0 += 1;
             self.sent.1 += data.len() as u64;
         }
+    }
+
+    /// Sends raw bytes from the client's socket to `to`, which need not be the server.
+    pub fn send_raw_to(&mut self, to: SocketAddr, data: &[u8]) {
+        if self.socket.send_to(data, to).is_ok() {
+            self.sent.0 += 1;
+            self.sent.1 += data.len() as u64;
+        }
+    }
+
+    /// The client's own address.
+    pub fn local(&self) -> SocketAddr {
+        self.socket.local_addr().unwrap()
     }
 
     /// Deletes the allocation (Refresh with LIFETIME 0).

@@ -394,7 +394,7 @@ fn http_get(port: u16, path: &str) -> Option<String> {
 }
 
 /// turnperf never refreshes its allocations, so a live relay longer than their 600 s lifetime
-/// runs as back-to-back turnperf runs of at most [`SEGMENT`] seconds, their counts summed.
+/// runs as back-to-back turnperf runs of at most `SEGMENT` seconds, their counts summed.
 fn turnperf_segments(
     cli: &Cli,
     port: u16,

@@ -18,8 +18,8 @@ use uturn_perf::turncat::{log, Args, Tunnel};
 struct Cli {
     /// Where clients send: udp://IP:PORT (each client address is one flow) or - (stdin/stdout).
     client_addr: String,
-    /// turn://USER:PASS@HOST[:PORT][?transport=udp|tcp|tls|dtls] or turns://… (TLS; DTLS with
-    /// transport=udp).
+    /// turn://USER:PASS@HOST or turn://USER:PASS@HOST:PORT, optionally ending in
+    /// ?transport=udp|tcp|tls|dtls; or turns://… (TLS; DTLS with transport=udp).
     turn_server_uri: String,
     /// The peer, udp://IP:PORT.
     peer_addr: String,

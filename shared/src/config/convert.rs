@@ -16,7 +16,7 @@ use std::sync::Arc;
 /// `require_cert`: TLS/DTLS listeners must carry their cert and key (not so for the TURN-URI
 /// config, whose certificate the caller generates).
 pub(super) fn from_v1(
-    v1: v1::StunnerConfig,
+    v1: v1::StunnerDocument,
     require_cert: bool,
 ) -> Result<StunnerConfig, ConfigError> {
     for (i, listener) in v1.listeners.iter().enumerate() {
@@ -62,6 +62,7 @@ pub(super) fn from_v1(
         servers,
         clusters,
         v1: None,
+        document_warnings: super::DocumentWarnings::default(),
     };
     config.validate_with(require_cert).map_err(|e| {
         ConfigError::new(
@@ -74,7 +75,7 @@ pub(super) fn from_v1(
     Ok(config)
 }
 
-fn listener(l: &v1::ListenerConfig) -> ListenerConfig {
+fn listener(l: &v1::ListenerDocument) -> ListenerConfig {
     let protocol = match l.protocol {
         ListenerProtocol::TurnUdp | ListenerProtocol::Udp => Transport::Udp,
         ListenerProtocol::TurnTcp | ListenerProtocol::Tcp => Transport::Tcp,
@@ -98,9 +99,9 @@ fn listener(l: &v1::ListenerConfig) -> ListenerConfig {
 }
 
 fn cluster(
-    v1: &v1::StunnerConfig,
+    v1: &v1::StunnerDocument,
     index: usize,
-    c: &v1::ClusterConfig,
+    c: &v1::ClusterDocument,
 ) -> Result<ClusterConfig, ConfigError> {
     let endpoints = c
         .endpoints
@@ -116,7 +117,7 @@ fn cluster(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let routing: Vec<&v1::ListenerConfig> = v1
+    let routing: Vec<&v1::ListenerDocument> = v1
         .listeners
         .iter()
         .filter(|l| l.routes.contains(&c.name))

@@ -2,7 +2,7 @@
 //! Go `encoding/json`-style field lookup (case-insensitive keys, unknown keys ignored, `null`
 //! absent), and the v1 reader (the v2 one is [`super::v2`]'s).
 
-use super::v1::{ClusterConfig, ListenerConfig, StunnerConfig};
+use super::v1::{ClusterDocument, ListenerDocument, StunnerDocument};
 use super::{
     AdminConfig, AuthConfig, AuthType, ClusterProtocol, ClusterType, ConfigError, ListenerProtocol,
     API_VERSION, API_VERSION_V1, API_VERSION_V1ALPHA1, DEFAULT_PORT,
@@ -19,18 +19,9 @@ pub(super) fn stunner_port(env: &dyn Fn(&str) -> Option<String>) -> String {
         }
     }
     env("STUNNER_PUBLIC_PORT")
-        .and_then(|public| go_atoi(&public))
+        .and_then(|public| crate::go::atoi(&public))
         .map(|public| public.to_string())
         .unwrap_or_else(|| DEFAULT_PORT.to_string())
-}
-
-/// Go's `strconv.Atoi`: an optional sign, then base-10 digits, no overflow.
-fn go_atoi(text: &str) -> Option<i64> {
-    let digits = text.strip_prefix(['+', '-']).unwrap_or(text);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
 }
 
 /// Go's `os.Expand`: replaces `$NAME`, `${NAME}` and the shell specials (`$1`, `$$`, …) with
@@ -269,7 +260,9 @@ impl<'a> Section<'a> {
             None => Ok(None),
             Some(value @ Value::Number(n)) => n.as_i64().map(Some).ok_or_else(|| bad(value)),
             Some(Value::String(s)) if s.trim().is_empty() => Ok(None),
-            Some(value @ Value::String(s)) => go_atoi(s.trim()).map(Some).ok_or_else(|| bad(value)),
+            Some(value @ Value::String(s)) => crate::go::atoi(s.trim())
+                .map(Some)
+                .ok_or_else(|| bad(value)),
             Some(other) => Err(bad(other)),
         }
     }
@@ -348,7 +341,7 @@ pub(super) fn as_section(value: &Value, path: String) -> Result<Section<'_>, Con
 pub(crate) fn v1_config_from_document(
     doc: &Value,
     literal_credentials: Option<&BTreeMap<String, String>>,
-) -> Result<StunnerConfig, ConfigError> {
+) -> Result<StunnerDocument, ConfigError> {
     let root = root(doc)?;
     // The version picks the schema first; any other version is an empty config to stunnerd.
     let version = root.string("version")?.unwrap_or_default();
@@ -369,7 +362,7 @@ pub(crate) fn v1_config_from_document(
         .map(|(i, item)| cluster_from(&as_section(item, format!("clusters[{i}]"))?))
         .collect::<Result<Vec<_>, _>>()?;
 
-    Ok(StunnerConfig {
+    Ok(StunnerDocument {
         // v1alpha1 has the same fields as far as stunnerd is concerned; the rest is dropped.
         version: API_VERSION_V1.to_owned(),
         admin,
@@ -479,7 +472,7 @@ fn auth_from(
     })
 }
 
-fn listener_from(section: &Section<'_>) -> Result<ListenerConfig, ConfigError> {
+fn listener_from(section: &Section<'_>) -> Result<ListenerDocument, ConfigError> {
     let protocol = match section.string("protocol")?.as_deref() {
         None | Some("") => ListenerProtocol::default(),
         Some(raw) => ListenerProtocol::parse(raw).ok_or_else(|| {
@@ -491,7 +484,7 @@ fn listener_from(section: &Section<'_>) -> Result<ListenerConfig, ConfigError> {
         })?,
     };
     let port = section.port("port")?;
-    Ok(ListenerConfig {
+    Ok(ListenerDocument {
         name: section.string("name")?.unwrap_or_default(),
         protocol,
         public_address: section.string("public_address")?.unwrap_or_default(),
@@ -504,7 +497,7 @@ fn listener_from(section: &Section<'_>) -> Result<ListenerConfig, ConfigError> {
     })
 }
 
-fn cluster_from(section: &Section<'_>) -> Result<ClusterConfig, ConfigError> {
+fn cluster_from(section: &Section<'_>) -> Result<ClusterDocument, ConfigError> {
     let cluster_type = match section.string("type")?.as_deref() {
         None | Some("") => ClusterType::default(),
         Some(raw) => ClusterType::parse(raw).ok_or_else(|| {
@@ -525,7 +518,7 @@ fn cluster_from(section: &Section<'_>) -> Result<ClusterConfig, ConfigError> {
             )
         })?,
     };
-    Ok(ClusterConfig {
+    Ok(ClusterDocument {
         name: section.string("name")?.unwrap_or_default(),
         cluster_type,
         protocol,

@@ -12,19 +12,27 @@
 mod convert;
 mod document;
 mod endpoint;
+mod error;
+mod keys;
+mod ports;
 mod uri;
 pub mod v1;
 mod v2;
 mod validate;
+mod values;
+mod warnings;
 
 pub use endpoint::{
     parse_http_endpoint, v1_endpoint_to_v2, Endpoint, HttpEndpoint, ServiceEndpoint, StaticEndpoint,
 };
+pub use error::ConfigError;
 pub use uri::{parse_turn_uri, TurnUri};
+pub use values::{
+    AuthType, ClusterProtocol, ClusterType, ListenerProtocol, RoutingPolicy, ServerType, Transport,
+};
 
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 
 /// The API version of the model every accepted config is read into (STUNner v2's).
@@ -73,7 +81,24 @@ pub struct StunnerConfig {
     /// The v1 document this config was converted from (validated): what `/status` shows of a
     /// v1 config, and what makes peer admission enforce v1's port ranges. `None` for v2.
     #[serde(skip)]
-    pub v1: Option<Arc<v1::StunnerConfig>>,
+    pub v1: Option<Arc<v1::StunnerDocument>>,
+    /// What the reader noticed in the document that is not an error (an unknown key, a port
+    /// written as 0), each naming the fix; [`StunnerConfig::warnings`] lists them. They do
+    /// not make two configs differ.
+    #[serde(skip)]
+    pub document_warnings: DocumentWarnings,
+}
+
+/// Warnings about a config's document ([`StunnerConfig::document_warnings`]): equal to any
+/// other, so that a config compares by what it says, not by how it was written (a document
+/// with an unknown key and its own JSON, which drops the key, are the same config).
+#[derive(Debug, Clone, Default, Eq)]
+pub struct DocumentWarnings(pub Vec<String>);
+
+impl PartialEq for DocumentWarnings {
+    fn eq(&self, _: &DocumentWarnings) -> bool {
+        true
+    }
 }
 
 impl Default for StunnerConfig {
@@ -86,6 +111,7 @@ impl Default for StunnerConfig {
             servers: Vec::new(),
             clusters: Vec::new(),
             v1: None,
+            document_warnings: DocumentWarnings::default(),
         }
     }
 }
@@ -136,39 +162,6 @@ pub struct AuthConfig {
     pub lifetime: String,
 }
 
-/// How TURN requests are authenticated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum AuthType {
-    /// A fixed username and password (input alias `plaintext`).
-    #[default]
-    Static,
-    /// TURN REST time-windowed credentials from a shared secret (input alias `longterm`).
-    Ephemeral,
-    /// TURN disabled; only Binding is served.
-    None,
-}
-
-impl AuthType {
-    /// Parses a config value exactly as stunnerd does: case-sensitive, with the old aliases.
-    pub fn parse(s: &str) -> Option<AuthType> {
-        match s {
-            "static" | "plaintext" => Some(AuthType::Static),
-            "ephemeral" | "longterm" => Some(AuthType::Ephemeral),
-            "none" => Some(AuthType::None),
-            _ => None,
-        }
-    }
-
-    /// The normalized name: `static`, `ephemeral` or `none`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            AuthType::Static => "static",
-            AuthType::Ephemeral => "ephemeral",
-            AuthType::None => "none",
-        }
-    }
-}
-
 /// One `listeners[]` entry: a socket that hands its clients to a chain of servers.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct ListenerConfig {
@@ -204,59 +197,6 @@ pub struct ListenerConfig {
     pub servers: Vec<String>,
 }
 
-/// A listener's transport (v2 `protocol`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Transport {
-    /// UDP.
-    #[default]
-    Udp,
-    /// TCP.
-    Tcp,
-    /// TLS over TCP.
-    Tls,
-    /// DTLS over UDP.
-    Dtls,
-    /// The process's stdin and stdout: refused by uturn.
-    Stdin,
-}
-
-impl Transport {
-    /// Parses a config value case-insensitively.
-    pub fn parse(s: &str) -> Option<Transport> {
-        [
-            Transport::Udp,
-            Transport::Tcp,
-            Transport::Tls,
-            Transport::Dtls,
-            Transport::Stdin,
-        ]
-        .into_iter()
-        .find(|t| t.as_str().eq_ignore_ascii_case(s))
-    }
-
-    /// The normalized, upper-case name.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Transport::Udp => "UDP",
-            Transport::Tcp => "TCP",
-            Transport::Tls => "TLS",
-            Transport::Dtls => "DTLS",
-            Transport::Stdin => "STDIN",
-        }
-    }
-
-    /// The TURN listener protocol of this transport (`None` for STDIN).
-    pub fn turn(&self) -> Option<ListenerProtocol> {
-        match self {
-            Transport::Udp => Some(ListenerProtocol::TurnUdp),
-            Transport::Tcp => Some(ListenerProtocol::TurnTcp),
-            Transport::Tls => Some(ListenerProtocol::TurnTls),
-            Transport::Dtls => Some(ListenerProtocol::TurnDtls),
-            Transport::Stdin => None,
-        }
-    }
-}
-
 /// One `servers[]` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct ServerConfig {
@@ -267,124 +207,6 @@ pub struct ServerConfig {
     pub server_type: ServerType,
     /// The clusters it admits peers through and relays with, in order.
     pub clusters: Vec<String>,
-}
-
-/// What a server does with the clients a listener hands it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum ServerType {
-    /// TURN.
-    #[default]
-    Turn,
-    /// A plain L4 proxy: refused by uturn.
-    L4,
-}
-
-impl ServerType {
-    /// Parses a config value case-insensitively.
-    pub fn parse(s: &str) -> Option<ServerType> {
-        [ServerType::Turn, ServerType::L4]
-            .into_iter()
-            .find(|t| t.as_str().eq_ignore_ascii_case(s))
-    }
-
-    /// The normalized, lower-case name.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ServerType::Turn => "turn",
-            ServerType::L4 => "l4",
-        }
-    }
-}
-
-/// A listener's protocol stack as the dataplane serves it (and as a v1 document names it:
-/// `TURN-UDP`, …).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum ListenerProtocol {
-    /// TURN over UDP.
-    #[default]
-    TurnUdp,
-    /// TURN over TCP.
-    TurnTcp,
-    /// TURN over TLS.
-    TurnTls,
-    /// TURN over DTLS.
-    TurnDtls,
-    /// Plain `UDP`: validates, but stunnerd refuses to start such a listener.
-    Udp,
-    /// Plain `TCP`: validates, but stunnerd refuses to start such a listener.
-    Tcp,
-    /// Plain `TLS`: validates, but stunnerd refuses to start such a listener.
-    Tls,
-    /// Plain `DTLS`: validates, but stunnerd refuses to start such a listener.
-    Dtls,
-}
-
-impl ListenerProtocol {
-    /// Every protocol, TURN ones first.
-    pub const ALL: [ListenerProtocol; 8] = [
-        ListenerProtocol::TurnUdp,
-        ListenerProtocol::TurnTcp,
-        ListenerProtocol::TurnTls,
-        ListenerProtocol::TurnDtls,
-        ListenerProtocol::Udp,
-        ListenerProtocol::Tcp,
-        ListenerProtocol::Tls,
-        ListenerProtocol::Dtls,
-    ];
-
-    /// Parses a config value case-insensitively (`turn-udp`, `TURN-TLS`, `udp`, …).
-    pub fn parse(s: &str) -> Option<ListenerProtocol> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str().eq_ignore_ascii_case(s))
-    }
-
-    /// The normalized, upper-case name (`TURN-UDP`, …).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ListenerProtocol::TurnUdp => "TURN-UDP",
-            ListenerProtocol::TurnTcp => "TURN-TCP",
-            ListenerProtocol::TurnTls => "TURN-TLS",
-            ListenerProtocol::TurnDtls => "TURN-DTLS",
-            ListenerProtocol::Udp => "UDP",
-            ListenerProtocol::Tcp => "TCP",
-            ListenerProtocol::Tls => "TLS",
-            ListenerProtocol::Dtls => "DTLS",
-        }
-    }
-
-    /// Whether stunnerd actually serves this protocol (only the four `TURN-*` ones).
-    pub fn is_turn(&self) -> bool {
-        matches!(
-            self,
-            ListenerProtocol::TurnUdp
-                | ListenerProtocol::TurnTcp
-                | ListenerProtocol::TurnTls
-                | ListenerProtocol::TurnDtls
-        )
-    }
-
-    /// Whether the listener needs `cert` and `key` (TLS and DTLS variants).
-    pub fn needs_cert(&self) -> bool {
-        matches!(
-            self,
-            ListenerProtocol::TurnTls
-                | ListenerProtocol::TurnDtls
-                | ListenerProtocol::Tls
-                | ListenerProtocol::Dtls
-        )
-    }
-
-    /// Whether the transport underneath is datagram based (UDP or DTLS).
-    pub fn is_datagram(&self) -> bool {
-        matches!(
-            self,
-            ListenerProtocol::TurnUdp
-                | ListenerProtocol::TurnDtls
-                | ListenerProtocol::Udp
-                | ListenerProtocol::Dtls
-        )
-    }
 }
 
 /// One `clusters[]` entry.
@@ -410,167 +232,10 @@ pub struct ClusterConfig {
     pub tunnel: Option<serde_json::Value>,
 }
 
-/// How a cluster admits peers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum RoutingPolicy {
-    /// Admits the peers its endpoints contain (by IP in a v2 config).
-    #[default]
-    Filter,
-    /// Picks one endpoint per flow (for L4 servers): admits no TURN peer.
-    RoundRobin,
-}
-
-impl RoutingPolicy {
-    /// Parses a config value case-insensitively.
-    pub fn parse(s: &str) -> Option<RoutingPolicy> {
-        [RoutingPolicy::Filter, RoutingPolicy::RoundRobin]
-            .into_iter()
-            .find(|p| p.as_str().eq_ignore_ascii_case(s))
-    }
-
-    /// The normalized name: `FILTER` or `ROUND_ROBIN`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            RoutingPolicy::Filter => "FILTER",
-            RoutingPolicy::RoundRobin => "ROUND_ROBIN",
-        }
-    }
-}
-
-/// A cluster's address resolution policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum ClusterType {
-    /// Endpoints are IP prefixes with optional port ranges.
-    #[default]
-    Static,
-    /// Endpoints are hostnames, re-resolved every 5 s, matched on IP only.
-    StrictDns,
-    /// Endpoints are Kubernetes Services, `<namespace>/<service>[:<min-max>]`: the cluster
-    /// admits every address their EndpointSlices list (ready, serving and terminating) plus
-    /// the Services' ClusterIPs.
-    Kubernetes,
-}
-
-impl ClusterType {
-    /// Parses a config value case-insensitively.
-    pub fn parse(s: &str) -> Option<ClusterType> {
-        [
-            ClusterType::Static,
-            ClusterType::StrictDns,
-            ClusterType::Kubernetes,
-        ]
-        .into_iter()
-        .find(|t| t.as_str().eq_ignore_ascii_case(s))
-    }
-
-    /// The normalized name: `STATIC`, `STRICT_DNS` or `KUBERNETES`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ClusterType::Static => "STATIC",
-            ClusterType::StrictDns => "STRICT_DNS",
-            ClusterType::Kubernetes => "KUBERNETES",
-        }
-    }
-}
-
-/// A cluster's relay transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum ClusterProtocol {
-    /// UDP relaying.
-    #[default]
-    Udp,
-    /// TCP relaying (RFC 6062).
-    Tcp,
-}
-
-impl ClusterProtocol {
-    /// Parses a config value case-insensitively.
-    pub fn parse(s: &str) -> Option<ClusterProtocol> {
-        [ClusterProtocol::Udp, ClusterProtocol::Tcp]
-            .into_iter()
-            .find(|p| p.as_str().eq_ignore_ascii_case(s))
-    }
-
-    /// The normalized name: `UDP` or `TCP`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ClusterProtocol::Udp => "UDP",
-            ClusterProtocol::Tcp => "TCP",
-        }
-    }
-}
-
-macro_rules! string_enum_impls {
-    ($($ty:ty),*) => {$(
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl Serialize for $ty {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.serialize_str(self.as_str())
-            }
-        }
-    )*};
-}
-
-string_enum_impls!(
-    AuthType,
-    ListenerProtocol,
-    Transport,
-    ServerType,
-    ClusterType,
-    ClusterProtocol,
-    RoutingPolicy
-);
-
-fn is_zero_i64(n: &i64) -> bool {
+/// Whether an integer field holds its default, 0 (left out of the JSON).
+pub(super) fn is_zero_i64(n: &i64) -> bool {
     *n == 0
 }
-
-/// A config the user must fix: which field, what it held, and what to do.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ConfigError {
-    /// Path of the offending field, e.g. `listeners[0].port` (empty for a syntax error).
-    pub field: String,
-    /// The offending value as written (secrets redacted).
-    pub value: String,
-    /// What is wrong and how to fix it.
-    pub message: String,
-}
-
-impl ConfigError {
-    /// Builds an error for `field` holding `value`.
-    pub fn new(
-        field: impl Into<String>,
-        value: impl Into<String>,
-        message: impl Into<String>,
-    ) -> Self {
-        ConfigError {
-            field: field.into(),
-            value: value.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            write!(f, "invalid config: {}", self.message)
-        } else {
-            write!(
-                f,
-                "invalid config: {} = {:?}: {}",
-                self.field, self.value, self.message
-            )
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// Parses and validates a config with the process environment for `$VAR` substitution.
 pub fn parse_config(text: &str) -> Result<StunnerConfig, ConfigError> {
@@ -589,7 +254,8 @@ pub fn parse_config_with_env(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<StunnerConfig, ConfigError> {
     let (doc, raw_credentials) = document::read(text, env)?;
-    match document::version(&doc)?.as_str() {
+    let version = document::version(&doc)?;
+    let mut config = match version.as_str() {
         API_VERSION => v2::config_from_document(&doc, raw_credentials.as_ref()),
         API_VERSION_V1 | API_VERSION_V1ALPHA1 => {
             let mut v1 = v1::config_from_document(&doc, raw_credentials.as_ref())?;
@@ -597,7 +263,9 @@ pub fn parse_config_with_env(
             convert::from_v1(v1, true)
         }
         other => Err(document::unsupported_version(other)),
-    }
+    }?;
+    config.document_warnings = DocumentWarnings(keys::document_warnings(&doc, &version));
+    Ok(config)
 }
 
 impl StunnerConfig {
@@ -697,11 +365,5 @@ impl StunnerConfig {
         server: &'a ServerConfig,
     ) -> impl Iterator<Item = &'a ClusterConfig> + 'a {
         server.clusters.iter().filter_map(|name| self.cluster(name))
-    }
-
-    /// What the config asks for that works otherwise than its author may expect, one line
-    /// each, for the log when it is applied.
-    pub fn warnings(&self) -> Vec<String> {
-        v2::warnings(self)
     }
 }

@@ -3,8 +3,8 @@
 //! converted into the running model ([`super::StunnerConfig`]) as STUNner v2 converts it.
 
 use super::{
-    AdminConfig, AuthConfig, ClusterProtocol, ClusterType, ConfigError, ListenerProtocol,
-    API_VERSION_V1,
+    is_zero_i64, AdminConfig, AuthConfig, ClusterProtocol, ClusterType, ConfigError,
+    ListenerProtocol, API_VERSION_V1,
 };
 use serde::Serialize;
 
@@ -15,16 +15,17 @@ pub(super) use super::document::v1_config_from_document as config_from_document;
 pub fn parse_config_with_env(
     text: &str,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<StunnerConfig, ConfigError> {
+) -> Result<StunnerDocument, ConfigError> {
     let (doc, raw_credentials) = super::document::read(text, env)?;
     let mut config = config_from_document(&doc, raw_credentials.as_ref())?;
     config.validate()?;
     Ok(config)
 }
 
-/// A STUNner v1 config document (`version`, `admin`, `auth`, `listeners`, `clusters`).
+/// A STUNner v1 config document (`version`, `admin`, `auth`, `listeners`, `clusters`), as
+/// written: the model it converts to is [`super::StunnerConfig`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct StunnerConfig {
+pub struct StunnerDocument {
     /// API version; `"v1"` once validated.
     pub version: String,
     /// Administrative settings.
@@ -32,14 +33,14 @@ pub struct StunnerConfig {
     /// TURN authentication.
     pub auth: AuthConfig,
     /// The server sockets exposed to clients, in config order.
-    pub listeners: Vec<ListenerConfig>,
+    pub listeners: Vec<ListenerDocument>,
     /// The peers clients may reach, in config order.
-    pub clusters: Vec<ClusterConfig>,
+    pub clusters: Vec<ClusterDocument>,
 }
 
-impl Default for StunnerConfig {
+impl Default for StunnerDocument {
     fn default() -> Self {
-        StunnerConfig {
+        StunnerDocument {
             version: API_VERSION_V1.to_owned(),
             admin: AdminConfig::default(),
             auth: AuthConfig::default(),
@@ -49,16 +50,16 @@ impl Default for StunnerConfig {
     }
 }
 
-impl StunnerConfig {
+impl StunnerDocument {
     /// Serializes with stunnerd's JSON key names (empty optional fields left out).
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
     }
 }
 
-/// One `listeners[]` entry.
+/// One `listeners[]` entry of a v1 document (the model's is [`super::ListenerConfig`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct ListenerConfig {
+pub struct ListenerDocument {
     /// Unique listener name (required).
     pub name: String,
     /// Transport and protocol stack; default `TURN-UDP`.
@@ -83,9 +84,9 @@ pub struct ListenerConfig {
     pub routes: Vec<String>,
 }
 
-/// One `clusters[]` entry.
+/// One `clusters[]` entry of a v1 document (the model's is [`super::ClusterConfig`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct ClusterConfig {
+pub struct ClusterDocument {
     /// Unique cluster name (required); listeners name it in `routes`.
     pub name: String,
     /// Address resolution policy (JSON key `type`); default `STATIC`.
@@ -96,8 +97,4 @@ pub struct ClusterConfig {
     /// STATIC: `IP[/len][:<min-max>]`; STRICT_DNS: hostnames; KUBERNETES:
     /// `<namespace>/<service>[:<min-max>]`. Sorted.
     pub endpoints: Vec<String>,
-}
-
-fn is_zero_i64(n: &i64) -> bool {
-    *n == 0
 }

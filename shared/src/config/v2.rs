@@ -3,6 +3,7 @@
 //! runtime), and what uturn refuses (an L4 server, a tunnelled cluster, a STDIN listener).
 
 use super::document::{admin_and_auth, as_section, Section};
+use super::ports::{check_shared_ports, Binding, PortUse};
 use super::validate::{check_endpoints, check_pem, validate_admin, validate_auth};
 use super::{
     ClusterConfig, ClusterProtocol, ClusterType, ConfigError, Endpoint, ListenerConfig,
@@ -43,6 +44,7 @@ pub(super) fn config_from_document(
             .map(cluster_from)
             .collect::<Result<_, _>>()?,
         v1: None,
+        document_warnings: super::DocumentWarnings::default(),
     };
     config.validate()?;
     Ok(config)
@@ -264,45 +266,24 @@ impl StunnerConfig {
         self.refuse_unsupported()
     }
 
-    /// Two listeners of one transport on one port and overlapping bind addresses would split
-    /// its clients (SO_REUSEPORT hashes them over every socket on the port).
+    /// Listeners that would split a port's clients ([`super::ports`]): a v2 listener binds its
+    /// `address`, or every address when it has none.
     fn check_shared_ports(&self) -> Result<(), ConfigError> {
-        for (i, listener) in self.listeners.iter().enumerate() {
-            let Some(protocol) = self.listener_protocol(listener) else {
-                continue;
-            };
-            let datagram = protocol.is_datagram();
-            let overlapping = self.listeners[..i].iter().position(|other| {
-                other.port == listener.port
-                    && self
-                        .listener_protocol(other)
-                        .is_some_and(|p| p.is_datagram() == datagram)
-                    && (other.address.is_empty()
-                        || listener.address.is_empty()
-                        || other.address == listener.address)
-            });
-            let Some(first) = overlapping else {
-                continue;
-            };
-            let other = &self.listeners[first];
-            let transport = if datagram { "UDP" } else { "TCP" };
-            return Err(ConfigError::new(
-                format!("listeners[{i}].port"),
-                listener.port.to_string(),
-                format!(
-                    "listener {:?} ({}) and listener {:?} ({}, listeners[{first}]) both use {} \
-                     port {} on the same addresses: the two would split the port's clients \
-                     between them; give one of them another port or another bind address",
-                    listener.name,
-                    listener.protocol.as_str(),
-                    other.name,
-                    other.protocol.as_str(),
-                    transport,
-                    listener.port,
-                ),
-            ));
-        }
-        Ok(())
+        let uses: Vec<Option<PortUse<'_>>> = self
+            .listeners
+            .iter()
+            .map(|listener| {
+                let protocol = self.listener_protocol(listener)?;
+                Some(PortUse {
+                    name: &listener.name,
+                    protocol: listener.protocol.as_str(),
+                    datagram: protocol.is_datagram(),
+                    port: listener.port,
+                    bind: Some(listener.address.as_str()).filter(|a| !a.is_empty()),
+                })
+            })
+            .collect();
+        check_shared_ports(&uses, Binding::Address)
     }
 
     /// What uturn does not serve is refused, never half-served: a config asking for it is an
@@ -356,60 +337,4 @@ impl StunnerConfig {
         }
         Ok(())
     }
-}
-
-/// The config's warnings ([`StunnerConfig::warnings`]).
-pub(super) fn warnings(config: &StunnerConfig) -> Vec<String> {
-    let mut out = Vec::new();
-    let auth = &config.auth;
-    let needs: &[&str] = match auth.auth_type {
-        super::AuthType::Static => &["username", "password"],
-        super::AuthType::Ephemeral => &["secret"],
-        super::AuthType::None => &[],
-    };
-    if needs
-        .iter()
-        .any(|key| auth.credentials.get(*key).is_none_or(String::is_empty))
-    {
-        out.push(format!(
-            "auth handler: {} auth without credentials: every client is refused",
-            auth.auth_type
-        ));
-    }
-    for listener in &config.listeners {
-        if config.listener_protocol(listener).is_none() {
-            out.push(format!(
-                "listener {:?}: no TURN server serves it (servers {:?}): its port is not opened",
-                listener.name, listener.servers
-            ));
-        }
-    }
-    for cluster in &config.clusters {
-        if cluster.routing_policy == RoutingPolicy::RoundRobin {
-            out.push(format!(
-                "cluster {:?}: a ROUND_ROBIN cluster admits no TURN peer (it may still provide \
-                 the relay address)",
-                cluster.name
-            ));
-            continue;
-        }
-        if config.v1.is_some() {
-            continue;
-        }
-        for endpoint in &cluster.endpoints {
-            let restricts = match cluster.cluster_type {
-                ClusterType::Kubernetes => ServiceEndpoint::parse_v2(endpoint)
-                    .is_ok_and(|e| (e.port_min, e.port_max) != (1, u16::MAX)),
-                _ => Endpoint::parse(endpoint).is_ok_and(|e| e.restricts_ports()),
-            };
-            if restricts {
-                out.push(format!(
-                    "cluster {}: the port of endpoint {endpoint:?} is not enforced: a FILTER \
-                     cluster admits peers by IP",
-                    cluster.name
-                ));
-            }
-        }
-    }
-    out
 }

@@ -1,9 +1,10 @@
-//! v1's `StunnerConfig::validate`: stunnerd's defaults, normalization and checks, in
+//! v1's `StunnerDocument::validate`: stunnerd's defaults, normalization and checks, in
 //! stunnerd's order (version, admin, auth, listeners, clusters); the first problem is returned.
 //! The `admin` and `auth` rules are shared with v2 ([`validate_admin`], [`validate_auth`]).
 
 use super::document::unsupported_version;
-use super::v1::StunnerConfig;
+use super::ports::{check_shared_ports, Binding, PortUse};
+use super::v1::StunnerDocument;
 use super::{
     parse_http_endpoint, AdminConfig, AuthConfig, AuthType, ClusterType, ConfigError,
     ServiceEndpoint, StaticEndpoint, API_VERSION_V1, API_VERSION_V1ALPHA1,
@@ -16,13 +17,13 @@ use std::net::IpAddr;
 
 const OFFLOAD_ENGINES: [&str; 4] = ["None", "XDP", "TC", "Auto"];
 
-impl StunnerConfig {
+impl StunnerDocument {
     /// Injects defaults, normalizes and checks the config; `parse_config` already calls it.
     pub fn validate(&mut self) -> Result<(), ConfigError> {
         self.validate_with(true)
     }
 
-    /// [`StunnerConfig::validate`], optionally letting TLS/DTLS listeners lack a cert and key
+    /// [`StunnerDocument::validate`], optionally letting TLS/DTLS listeners lack a cert and key
     /// (the TURN-URI config, whose certificate the caller generates).
     pub(super) fn validate_with(&mut self, require_cert: bool) -> Result<(), ConfigError> {
         if self.version == API_VERSION_V1ALPHA1 {
@@ -97,46 +98,23 @@ impl StunnerConfig {
         self.check_shared_ports()
     }
 
-    /// Two served listeners of one transport on one port would split its clients: a listener
-    /// binds its port on every address (its `address` is only what it advertises), with
-    /// SO_REUSEPORT, and the kernel hashes clients over all the sockets on the port.
+    /// Listeners that would split a port's clients ([`super::ports`]): a v1 listener binds its
+    /// port on every address (its `address` is only what it advertises).
     fn check_shared_ports(&self) -> Result<(), ConfigError> {
-        let mut taken: HashMap<(bool, u16), usize> = HashMap::new();
-        for (i, listener) in self.listeners.iter().enumerate() {
-            if !listener.protocol.is_turn() {
-                continue;
-            }
-            let datagram = listener.protocol.is_datagram();
-            let Some(&first) = taken.get(&(datagram, listener.port)) else {
-                taken.insert((datagram, listener.port), i);
-                continue;
-            };
-            let other = &self.listeners[first];
-            let (transport, pairs) = if datagram {
-                ("UDP", "TURN-UDP and TURN-DTLS")
-            } else {
-                ("TCP", "TURN-TCP and TURN-TLS")
-            };
-            return Err(ConfigError::new(
-                format!("listeners[{i}].port"),
-                listener.port.to_string(),
-                format!(
-                    "listener {:?} ({}) and listener {:?} ({}, listeners[{first}]) both use {} \
-                     port {}: listeners bind their port on every address, so the two would \
-                     split the port's clients between them; give one of them another port \
-                     ({pairs} are both {transport}; a {transport}-based and a {}-based \
-                     listener may share a port)",
-                    listener.name,
-                    listener.protocol.as_str(),
-                    other.name,
-                    other.protocol.as_str(),
-                    transport,
-                    listener.port,
-                    if datagram { "TCP" } else { "UDP" },
-                ),
-            ));
-        }
-        Ok(())
+        let uses: Vec<Option<PortUse<'_>>> = self
+            .listeners
+            .iter()
+            .map(|listener| {
+                listener.protocol.is_turn().then(|| PortUse {
+                    name: &listener.name,
+                    protocol: listener.protocol.as_str(),
+                    datagram: listener.protocol.is_datagram(),
+                    port: listener.port,
+                    bind: None,
+                })
+            })
+            .collect();
+        check_shared_ports(&uses, Binding::EveryAddress)
     }
 
     fn validate_clusters(&mut self) -> Result<(), ConfigError> {
@@ -330,7 +308,7 @@ pub(super) fn validate_auth(
     if auth.realm.is_empty() {
         auth.realm = DEFAULT_REALM.to_owned();
     }
-    if !auth.lifetime.is_empty() && go_duration(&auth.lifetime).is_none() {
+    if !auth.lifetime.is_empty() && crate::go::parse_duration(&auth.lifetime).is_none() {
         return Err(ConfigError::new(
             "auth.lifetime",
             auth.lifetime.as_str(),
@@ -338,45 +316,6 @@ pub(super) fn validate_auth(
         ));
     }
     Ok(())
-}
-
-/// A Go `time.ParseDuration` value (`1h`, `1.5h`, `1h30m`, `300ms`, `-2s`), in seconds.
-pub(super) fn go_duration(text: &str) -> Option<f64> {
-    let (sign, mut rest) = match text.strip_prefix('-') {
-        Some(rest) => (-1.0, rest),
-        None => (1.0, text.strip_prefix('+').unwrap_or(text)),
-    };
-    if rest == "0" {
-        return Some(0.0);
-    }
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total = 0.0;
-    while !rest.is_empty() {
-        let number_len = rest
-            .bytes()
-            .take_while(|b| b.is_ascii_digit() || *b == b'.')
-            .count();
-        let number: f64 = rest[..number_len].parse().ok()?;
-        rest = &rest[number_len..];
-        let unit_len = rest
-            .bytes()
-            .take_while(|b| !b.is_ascii_digit() && *b != b'.')
-            .count();
-        let scale = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        rest = &rest[unit_len..];
-        total += number * scale;
-    }
-    Some(sign * total)
 }
 
 /// Checks each endpoint of cluster `index` (of type `cluster_type`) with `parse`; the first

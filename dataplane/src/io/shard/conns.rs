@@ -6,7 +6,7 @@
 use super::counters::Counters;
 use super::listeners::{ListenerTransport, RunningListener};
 use crate::io::admission::{Refused, StreamAdmission};
-use crate::io::driver::{Driver, Interest, Token};
+use crate::io::driver::{Driver, Interest, Readiness, Token};
 use crate::io::socket::{canonical, prepare_stream};
 use crate::io::stream::{set_notsent_lowat, stream_len, Closed, Conn, Rx, UNAUTHENTICATED_NOTSENT};
 use crate::io::sys;
@@ -21,6 +21,18 @@ use std::net::SocketAddr;
 use std::os::fd::{OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Connections one readable stream listener may accept before the shard serves the others.
+const ACCEPTS: usize = 64;
+
+/// What [`ConnTable::accept`] did.
+pub(super) struct Accepted {
+    /// Whether connections may still wait.
+    pub readiness: Readiness,
+    /// Older connections the new ones replace (the same client on the same listener), for the
+    /// shard to close with their allocations.
+    pub replaced: Vec<u32>,
+}
 
 /// The TCP/TLS connections of a shard.
 pub(super) struct ConnTable<W> {
@@ -70,11 +82,61 @@ impl<W> ConnTable<W> {
         self.slots.get_mut(slot as usize).and_then(Option::as_mut)
     }
 
+    /// Accepts what waits on socket `n` of stream listener `listener`, up to [`ACCEPTS`]
+    /// connections, and admits each ([`ConnTable::admit`]); out of descriptors, refuses
+    /// waiting ones ([`ConnTable::accept_failed`]).
+    pub(super) fn accept<D: Driver<Watch = W>>(
+        &mut self,
+        listener: &RunningListener<W>,
+        n: usize,
+        driver: &D,
+        counters: &mut Counters,
+        resource_log: &mut LogLimiter,
+        shard: usize,
+    ) -> Accepted {
+        let mut replaced = Vec::new();
+        let Some(fd) = listener.socket_fd(n) else {
+            return Accepted {
+                readiness: Readiness::Drained,
+                replaced,
+            };
+        };
+        for _ in 0..ACCEPTS {
+            let socket = match sys::accept(fd) {
+                Ok(socket) => socket,
+                Err(error) => match error.kind() {
+                    io::ErrorKind::WouldBlock => {
+                        return Accepted {
+                            readiness: Readiness::Drained,
+                            replaced,
+                        }
+                    }
+                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted => continue,
+                    _ => {
+                        if self.accept_failed(fd, &error, resource_log) {
+                            continue;
+                        }
+                        return Accepted {
+                            readiness: Readiness::Drained,
+                            replaced,
+                        };
+                    }
+                },
+            };
+            let admitted = self.admit(socket, listener, driver, counters, resource_log, shard);
+            replaced.extend(admitted);
+        }
+        Accepted {
+            readiness: Readiness::More,
+            replaced,
+        }
+    }
+
     /// Takes connection `socket`, accepted on `listener`, unless a cap refuses it (then it is
     /// closed at once, which tells the client and keeps the listener's backlog moving). Returns
     /// the slot of an older connection from the same client on that listener, which the new
     /// one replaces and the shard must close.
-    pub(super) fn admit<D: Driver<Watch = W>>(
+    fn admit<D: Driver<Watch = W>>(
         &mut self,
         socket: Socket,
         listener: &RunningListener<W>,
@@ -164,7 +226,7 @@ impl<W> ConnTable<W> {
 
     /// An accept on `listener_fd` failed with `error`: logs it (rate-limited) and, out of
     /// descriptors, refuses one waiting connection. True if one was refused (accept again).
-    pub(super) fn accept_failed(
+    fn accept_failed(
         &mut self,
         listener_fd: RawFd,
         error: &io::Error,

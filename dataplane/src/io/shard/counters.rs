@@ -3,7 +3,8 @@
 
 use super::conns::ConnTable;
 use super::listeners::Listeners;
-use crate::io::metrics::{CountersByName, ShardReport, ShardStats};
+use crate::io::metrics::{CountersByName, ShardReport, ShardStats, SiblingReport};
+use crate::io::offload::Delta;
 use crate::proto::{DropReason, Engine};
 use std::io;
 use std::sync::atomic::Ordering;
@@ -90,6 +91,39 @@ impl Counters {
         }
     }
 
+    /// Adds what the kernel offload relayed (`deltas`, emptied) to the counters, as if the
+    /// shard had relayed it, under `snap` and for the clients of `listeners`.
+    pub(super) fn count_offloaded<W>(
+        &mut self,
+        deltas: &mut Vec<Delta>,
+        snap: &Snapshot,
+        listeners: &Listeners<W>,
+    ) {
+        for delta in deltas.drain(..) {
+            let (out, into) = (delta.out, delta.into);
+            self.offloaded_packets[0] += out.packets;
+            self.offloaded_packets[1] += into.packets;
+            self.listener_rx_packets += out.packets;
+            self.relayed_to_peer += out.packets;
+            self.relayed_to_client += into.packets;
+            if let Some(listener) = listeners.get(delta.listener) {
+                let traffic = &mut self.listeners.traffic[listener.metric];
+                // The client's datagrams carry the 4-byte ChannelData header.
+                traffic.rx_packets += out.packets;
+                traffic.rx_bytes += out.bytes + 4 * out.packets;
+                traffic.tx_packets += into.packets;
+                traffic.tx_bytes += into.bytes + 4 * into.packets;
+            }
+            if let Some(slot) = self.cluster(snap, delta.cluster) {
+                let traffic = &mut self.clusters.traffic[slot];
+                traffic.tx_packets += out.packets;
+                traffic.tx_bytes += out.bytes;
+                traffic.rx_packets += into.packets;
+                traffic.rx_bytes += into.bytes;
+            }
+        }
+    }
+
     /// Publishes these counters, with `engine`'s and what the listeners and connections hold
     /// open now, into `stats`.
     pub(super) fn publish<W>(
@@ -98,7 +132,7 @@ impl Counters {
         engine: &Engine,
         listeners: &Listeners<W>,
         conns: &ConnTable<W>,
-        siblings: Option<(crate::io::SiblingCounts, Vec<(std::net::IpAddr, u64)>)>,
+        siblings: Option<SiblingReport>,
     ) {
         let engine_stats = engine.stats();
         let dropped: u64 = engine_stats.dropped.iter().sum();

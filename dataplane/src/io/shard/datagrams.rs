@@ -3,7 +3,7 @@
 //! TURN-DTLS listener, which turns a client's records into TURN messages and back
 //! ([`crate::io::dtls`] does the DTLS itself).
 
-use super::counters::Counters;
+use super::counters::{Counters, NO_SLOT};
 use crate::io::dtls::{Admission, Gate, Session};
 use crate::io::socket::for_socket;
 use crate::proto::{Engine, ListenerId, PEER_HEADROOM};
@@ -12,18 +12,28 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::time::Instant;
+use uturn_shared::snapshot::{ClusterId, Snapshot};
 use uturn_udp::{try_send_to, RecvBatch, SendQueue, MAX_UDP_PAYLOAD};
 
 /// DTLS sessions one listener holds at most on a shard (a new client beyond it is ignored
 /// until some end).
 const MAX_DTLS_SESSIONS: usize = 16 << 10;
 
+/// Which receive batch a socket is drained into.
+#[derive(Clone, Copy)]
+pub(super) enum Batch {
+    /// Client datagrams, on listener sockets: room for [`super::MAX_DATAGRAM`] and a little.
+    Listener,
+    /// Peer datagrams, on relay sockets (and sibling messages): room for the largest.
+    Relay,
+}
+
 /// The buffers a shard moves datagrams with, allocated once.
 pub(super) struct Datagrams {
     /// Lent out while a batch is handled (so the shard can be borrowed alongside it): one for
     /// listener sockets, one with room for the largest datagrams for relay sockets.
-    pub listener_batch: Option<Box<RecvBatch>>,
-    pub relay_batch: Option<Box<RecvBatch>>,
+    listener_batch: Option<Box<RecvBatch>>,
+    relay_batch: Option<Box<RecvBatch>>,
     /// Relayed client datagrams, tagged with their cluster's counter slot (or
     /// [`super::counters::NO_SLOT`]): a run of datagrams for one relay socket (a video frame,
     /// say) leaves in one `sendmmsg`.
@@ -46,12 +56,49 @@ impl Datagrams {
         }
     }
 
+    /// Lends batch `which` while its datagrams are handled (give it back with
+    /// [`Datagrams::give_back`]); `None` while it is lent.
+    pub(super) fn lend(&mut self, which: Batch) -> Option<Box<RecvBatch>> {
+        match which {
+            Batch::Listener => self.listener_batch.take(),
+            Batch::Relay => self.relay_batch.take(),
+        }
+    }
+
+    /// Takes back batch `which`.
+    pub(super) fn give_back(&mut self, which: Batch, batch: Box<RecvBatch>) {
+        match which {
+            Batch::Listener => self.listener_batch = Some(batch),
+            Batch::Relay => self.relay_batch = Some(batch),
+        }
+    }
+
     /// Sends the datagrams queued for peers.
     pub(super) fn flush_to_peers(&mut self, counters: &mut Counters) {
         if !self.to_peers.is_empty() {
             self.to_peers
                 .flush(&mut |cluster, outcome| counters.sent_to_peer(cluster, outcome));
         }
+    }
+
+    /// Queues `payload` for `peer` on relay socket `fd`, counted under cluster `cluster` of
+    /// `snap`.
+    #[inline]
+    pub(super) fn queue_to_peer(
+        &mut self,
+        fd: RawFd,
+        peer: SocketAddr,
+        payload: &[u8],
+        snap: &Snapshot,
+        cluster: ClusterId,
+        counters: &mut Counters,
+    ) {
+        counters.relayed_to_peer += 1;
+        let cluster = counters.cluster(snap, cluster).unwrap_or(NO_SLOT);
+        self.to_peers
+            .push(fd, payload, peer, cluster, &mut |cluster, outcome| {
+                counters.sent_to_peer(cluster, outcome)
+            });
     }
 
     /// Queues `datagram` for `client`, from UDP listener socket `socket`, counted.

@@ -2,7 +2,9 @@
 //! (a TLS config, a DTLS session table), and their reconcile to a new snapshot: listeners the
 //! snapshot drops or changes close, new ones open, unchanged ones are left alone.
 
-use super::datagrams::{DatagramSocket, DtlsListener};
+use super::conns::ConnTable;
+use super::counters::Counters;
+use super::datagrams::{DatagramSocket, Datagrams, DtlsListener};
 use crate::io::driver::{Driver, Interest, Token, Watched};
 use crate::io::dtls;
 use crate::io::groups::{ListenerGroups, Take};
@@ -114,11 +116,16 @@ impl<W> Listeners<W> {
         self.running.iter().find(|l| l.id == id)
     }
 
-    /// The running UDP (or DTLS) listener called `name`.
-    pub(super) fn id_of(&self, name: &str) -> Option<ListenerId> {
+    /// The running TURN-UDP listener called `name`, with a socket (second-chance forwarding
+    /// serves UDP clients only: a forwarder never forwards another transport's).
+    pub(super) fn udp_id_of(&self, name: &str) -> Option<ListenerId> {
         self.running
             .iter()
-            .find(|l| l.spec.name == name && l.datagram_socket(0).is_some())
+            .find(|l| {
+                l.spec.name == name
+                    && matches!(l.transport, ListenerTransport::Udp)
+                    && l.datagram_socket(0).is_some()
+            })
             .map(|l| l.id)
     }
 
@@ -133,6 +140,39 @@ impl<W> Listeners<W> {
             Some(ListenerTransport::Dtls(dtls)) => Some(dtls),
             _ => None,
         }
+    }
+
+    /// Sends `data` to `client` of listener `id` on the listener's transport, from its first
+    /// socket (any of its group would do): queued in `datagrams` for a UDP client, encrypted
+    /// into a DTLS client's session, queued on a TCP/TLS client's connection in `conns`;
+    /// counted. False if the listener has no socket to send from.
+    pub(super) fn send_to_client(
+        &mut self,
+        id: ListenerId,
+        client: SocketAddr,
+        data: &[u8],
+        datagrams: &mut Datagrams,
+        conns: &mut ConnTable<W>,
+        counters: &mut Counters,
+    ) -> bool {
+        let Some(running) = self.get_mut(id) else {
+            return false;
+        };
+        let Some(socket) = running.datagram_socket(0) else {
+            return false;
+        };
+        match &mut running.transport {
+            ListenerTransport::Udp => datagrams.queue_to_client(&socket, client, data, counters),
+            ListenerTransport::Dtls(dtls) => dtls.send_to_client(client, data, &socket, counters),
+            ListenerTransport::Tcp | ListenerTransport::Tls(_) => {
+                if conns.queue_to_client(id, client, data) {
+                    counters.listeners.traffic[socket.metric].tx(data.len());
+                } else {
+                    counters.send_failed += 1;
+                }
+            }
+        }
+        true
     }
 
     /// Ends the DTLS sessions that stalled or went quiet without an allocation.

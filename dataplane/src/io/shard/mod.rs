@@ -6,53 +6,57 @@
 //! - [`conns`]: the TCP/TLS connection table;
 //! - [`datagrams`]: the receive batches and send queues UDP moves through, and the TURN-DTLS
 //!   session tables;
-//! - [`relays`]: the allocations' relay sockets;
+//! - [`relays`]: the allocations' relay sockets, and what the kernel offload relays for them;
+//! - [`siblings`]: with `--siblings`, the sibling socket and second-chance forwarding's policy
+//!   (`proto::sibling::Forwarding`);
 //! - [`counters`]: what it counts, published once per tick;
+//! - [`setup`]: what it starts from ([`ShardSetup`]);
 //! - [`snapshots`]: which snapshot packets are served under.
 //!
 //! The shard composes them: it routes a readiness report to the part that owns the socket,
-//! hands each TURN message to the engine ([`Shard::dispatch_turn_message`], the dispatch point) and
-//! carries the engine's answer to the part that sends it. TURN-TCP and TURN-TLS connections
-//! are read when readable and written when the shard flushes (or, when the client is slow,
-//! whenever the socket can take more); TURN-DTLS runs a session per client address over UDP
-//! listener sockets. Whatever the transport, the relay side is UDP and the same engine
-//! decides.
+//! hands each TURN message to the engine at one dispatch point, [`Shard::handle_turn`], which
+//! also carries out the [`ClientAction`] (the one place a client action becomes sends; a
+//! [`PeerAction`] becomes sends in [`Shard::peer_datagram`]). Parts never call back into the
+//! shard: a part's method takes what it needs and returns what the shard must do with the
+//! others (a miss forwarded or answered here, a sibling's datagram to serve or deliver).
+//! TURN-TCP and TURN-TLS connections are read when readable and written when the shard
+//! flushes (or, when the client is slow, whenever the socket can take more); TURN-DTLS runs a
+//! session per client address over UDP listener sockets. Whatever the transport, the relay
+//! side is UDP and the same engine decides.
 
 mod conns;
 mod counters;
 mod datagrams;
 mod listeners;
 mod relays;
+mod setup;
 mod siblings;
 mod snapshots;
 
+pub(super) use setup::ShardSetup;
 pub use siblings::{SiblingCounts, SiblingSetup};
 
-use super::admission::StreamAdmission;
 use super::driver::{Driver, Readiness, Token, TICK};
-use super::groups::ListenerGroups;
 use super::metrics::ShardStats;
-use super::offload::{Offload, OffloadTable, COUNTER_SYNC};
+use super::offload::OffloadTable;
 use super::socket::canonical;
 use super::stream::Closed;
-use super::sys;
 use crate::proto::ratelimit::LogLimiter;
+use crate::proto::sibling::MissAction;
 use crate::proto::{
-    BoundRelays, Bytes, ClientAction, Engine, EngineConfig, ListenerId, ListenerRef, PeerAction,
-    RelayId, PEER_HEADROOM,
+    Arrival, ArrivalKind, Bytes, ClientAction, Engine, ListenerId, ListenerRef, PeerAction,
+    PeerArrival, RelayId, PEER_HEADROOM,
 };
-use arc_swap::ArcSwap;
 use conns::ConnTable;
-use counters::{Counters, NO_SLOT};
-use datagrams::{DatagramSocket, Datagrams};
+use counters::Counters;
+use datagrams::{Batch, DatagramSocket, Datagrams};
 use listeners::{ListenerTransport, Listeners};
 use relays::Relays;
+use siblings::{Inbound, Siblings};
 use snapshots::Snapshots;
-use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use uturn_shared::snapshot::Snapshot;
 use uturn_udp::{Datagram, RecvBatch, BATCH, MAX_UDP_PAYLOAD};
@@ -65,8 +69,6 @@ const MAX_DATAGRAM: usize = 1600;
 const BUFFER: usize = MAX_UDP_PAYLOAD + 256;
 /// Batches one readable socket may take before the shard serves the others.
 const ROUNDS: usize = 4;
-/// Connections one readable stream listener may accept before the shard serves the others.
-const ACCEPTS: usize = 64;
 /// How often connections and DTLS sessions are checked for handshake and idle timeouts.
 const SWEEP: Duration = Duration::from_secs(1);
 /// A TCP/TLS connection or DTLS session with no allocation is closed after this long without
@@ -74,29 +76,6 @@ const SWEEP: Duration = Duration::from_secs(1);
 const IDLE_WITHOUT_ALLOCATION: Duration = Duration::from_secs(30);
 /// Scratch for stream reads and DTLS plaintext.
 const SCRATCH: usize = 64 << 10;
-
-/// What a shard starts from.
-pub(super) struct ShardSetup {
-    /// Which shard this is (for logs, its counters and its share of listener sockets).
-    pub index: usize,
-    /// The running config, republished by the control thread.
-    pub snapshot: Arc<ArcSwap<Snapshot>>,
-    /// The TURN engine's config.
-    pub engine: EngineConfig,
-    /// Set when the dataplane stops.
-    pub stop: Arc<AtomicBool>,
-    /// Every shard's published counters; this one writes `stats[index]`.
-    pub stats: Arc<Vec<ShardStats>>,
-    /// Datagram listener sockets, opened for all shards by the first to need them.
-    pub groups: Arc<ListenerGroups>,
-    /// Places for unauthenticated TCP/TLS connections, shared by all shards.
-    pub admission: Arc<StreamAdmission>,
-    /// The kernel offload, if it runs.
-    pub offload: Option<Arc<Offload>>,
-    /// Second-chance forwarding between the gateway's pods, if configured, and how many
-    /// shards this pod runs (each has a sibling socket).
-    pub siblings: Option<(SiblingSetup, usize)>,
-}
 
 /// One shard: the TURN engine and the parts that own its sockets, buffers and counters.
 pub(super) struct Shard<D: Driver> {
@@ -116,47 +95,20 @@ pub(super) struct Shard<D: Driver> {
     next_sweep: Instant,
     /// Warnings about exhausted resources (descriptors, ports), which a client can cause.
     resource_log: LogLimiter,
-    /// With the kernel offload: when its counters are read next, and the snapshot generation
-    /// its entries were checked against.
-    next_offload_sync: Instant,
-    offload_generation: u64,
     /// Second-chance forwarding, if configured.
-    siblings: Option<siblings::SiblingLink<D::Watch>>,
+    siblings: Option<Siblings<D::Watch>>,
 }
 
 impl<D: Driver> Shard<D> {
     /// A shard with no listeners yet (they open on the first tick), driven by `driver`.
     pub(super) fn new(setup: &ShardSetup, driver: D) -> Shard<D> {
+        let now = Instant::now();
         let mut engine = Engine::new(setup.engine.clone());
         if setup.offload.is_some() {
             engine.enable_offload();
         }
-        let siblings =
-            setup.siblings.as_ref().and_then(
-                |(sibling, shards)| match siblings::SiblingLink::open(
-                    sibling,
-                    setup.index,
-                    *shards,
-                    &driver,
-                    Instant::now(),
-                ) {
-                    Ok(link) => {
-                        engine.set_forward_misses(true);
-                        Some(link)
-                    }
-                    Err(e) => {
-                        tracing::error!(
-                            target: "stunnerd",
-                            "shard {}: cannot open the sibling socket on port {} + {}: {e}; this \
-                             shard forwards no client to a sibling",
-                            setup.index,
-                            sibling.port,
-                            setup.index
-                        );
-                        None
-                    }
-                },
-            );
+        let siblings = setup.siblings.as_ref();
+        let siblings = Siblings::start(siblings, setup.index, &driver, &mut engine, now);
         Shard {
             index: setup.index,
             engine,
@@ -164,15 +116,13 @@ impl<D: Driver> Shard<D> {
             listeners: Listeners::new(),
             conns: ConnTable::new(setup.admission.clone()),
             datagrams: Datagrams::new(),
-            relays: Relays::new(setup.offload.clone().map(OffloadTable::new)),
+            relays: Relays::new(setup.offload.clone().map(OffloadTable::new), now),
             counters: Counters::default(),
             driver,
             out: vec![0u8; BUFFER].into_boxed_slice(),
             scratch: Some(vec![0u8; SCRATCH].into_boxed_slice()),
-            next_sweep: Instant::now() + SWEEP,
+            next_sweep: now + SWEEP,
             resource_log: Default::default(),
-            next_offload_sync: Instant::now() + COUNTER_SYNC,
-            offload_generation: 0,
             siblings,
         }
     }
@@ -198,20 +148,23 @@ impl<D: Driver> Shard<D> {
             self.next_sweep = now + SWEEP;
             self.sweep(now);
         }
-        if self.relays.offload.is_some() {
-            self.tick_offload(now);
+        if self.relays.offloads() {
+            let snap = self.snapshots.serving();
+            self.relays
+                .tick_offload(&mut self.engine, snap, &self.listeners, now);
+            let deltas = self.relays.offload_deltas();
+            self.counters.count_offloaded(deltas, snap, &self.listeners);
+            self.counters.offload_channels = self.relays.offloaded_channels();
         }
-        if let Some(link) = self.siblings.as_mut() {
-            link.tick(now);
+        if let Some(siblings) = self.siblings.as_mut() {
+            siblings.tick(now);
         }
         self.counters.publish(
             &setup.stats[self.index],
             &self.engine,
             &self.listeners,
             &self.conns,
-            self.siblings
-                .as_ref()
-                .map(|link| (link.counts, link.forwarding_for())),
+            self.siblings.as_ref().map(Siblings::report),
         );
     }
 
@@ -229,86 +182,13 @@ impl<D: Driver> Shard<D> {
         true
     }
 
-    /// Installs and removes the kernel offload's entries of the allocations the engine reports.
+    /// With the kernel offload, carries out in it what the engine reports changed.
     fn sync_offload(&mut self, now: Instant) {
-        while let Some(relay) = self.engine.poll_offload() {
-            self.offload_allocation(relay, now);
+        if self.relays.offloads() {
+            let snap = self.snapshots.serving();
+            self.relays
+                .sync_offload(&mut self.engine, snap, &self.listeners, now);
         }
-    }
-
-    /// Makes the kernel relay exactly the offloadable channels of allocation `relay`: those
-    /// of TURN-UDP clients (the program sees no other transport).
-    fn offload_allocation(&mut self, relay: RelayId, now: Instant) {
-        let snap = self.snapshots.serving();
-        let channels: Vec<_> = self
-            .engine
-            .offload_channels(relay, snap, now)
-            .into_iter()
-            .filter_map(|channel| {
-                let listener = self.listeners.get(channel.listener)?;
-                matches!(listener.transport, ListenerTransport::Udp)
-                    .then(|| (channel, listener.spec.port))
-            })
-            .collect();
-        self.relays.offload_channels(relay, &channels, now);
-    }
-
-    /// Reads the offload's counters into the shard's, checks every allocation again when the
-    /// snapshot changed, and the allocations whose entries ended.
-    fn tick_offload(&mut self, now: Instant) {
-        let generation = self.snapshots.serving().generation;
-        if generation != self.offload_generation {
-            self.offload_generation = generation;
-            self.engine.recheck_offload();
-            self.sync_offload(now);
-        }
-        if now >= self.next_offload_sync {
-            self.next_offload_sync = now + COUNTER_SYNC;
-            let ended = match self.relays.offload.as_mut() {
-                Some(table) => table.sync(now, &mut self.relays.offload_deltas),
-                None => Vec::new(),
-            };
-            for relay in ended {
-                self.offload_allocation(relay, now);
-            }
-        }
-        self.count_offloaded();
-        self.counters.offload_channels = self.relays.offload.as_ref().map_or(0, |t| t.len() as u64);
-    }
-
-    /// Adds what the kernel relayed to the counters, as if the shard had relayed it.
-    fn count_offloaded(&mut self) {
-        if self.relays.offload_deltas.is_empty() {
-            return;
-        }
-        let deltas = std::mem::take(&mut self.relays.offload_deltas);
-        let snap = self.snapshots.serving();
-        let counters = &mut self.counters;
-        for delta in &deltas {
-            let (out, into) = (delta.out, delta.into);
-            counters.offloaded_packets[0] += out.packets;
-            counters.offloaded_packets[1] += into.packets;
-            counters.listener_rx_packets += out.packets;
-            counters.relayed_to_peer += out.packets;
-            counters.relayed_to_client += into.packets;
-            if let Some(listener) = self.listeners.get(delta.listener) {
-                let traffic = &mut counters.listeners.traffic[listener.metric];
-                // The client's datagrams carry the 4-byte ChannelData header.
-                traffic.rx_packets += out.packets;
-                traffic.rx_bytes += out.bytes + 4 * out.packets;
-                traffic.tx_packets += into.packets;
-                traffic.tx_bytes += into.bytes + 4 * into.packets;
-            }
-            if let Some(slot) = counters.cluster(snap, delta.cluster) {
-                let traffic = &mut counters.clusters.traffic[slot];
-                traffic.tx_packets += out.packets;
-                traffic.tx_bytes += out.bytes;
-                traffic.rx_packets += into.packets;
-                traffic.rx_bytes += into.bytes;
-            }
-        }
-        self.relays.offload_deltas = deltas;
-        self.relays.offload_deltas.clear();
     }
 
     /// Closes every socket.
@@ -374,8 +254,8 @@ impl<D: Driver> Shard<D> {
     pub(super) fn flush(&mut self) {
         self.datagrams.flush_to_peers(&mut self.counters);
         self.datagrams.flush_to_clients(&mut self.counters);
-        if let Some(link) = self.siblings.as_mut() {
-            link.flush();
+        if let Some(siblings) = self.siblings.as_mut() {
+            siblings.flush();
         }
         while let Some(slot) = self.conns.pop_dirty() {
             self.flush_conn(slot);
@@ -391,51 +271,17 @@ impl<D: Driver> Shard<D> {
 
     /// Accepts what waits on stream listener `id`'s socket `n`.
     fn accept_ready(&mut self, id: ListenerId, n: usize) -> Readiness {
-        let Some(fd) = self.listeners.get(id).and_then(|l| l.socket_fd(n)) else {
+        let Some(listener) = self.listeners.get(id) else {
             return Readiness::Drained;
         };
-        for _ in 0..ACCEPTS {
-            let socket = match sys::accept(fd) {
-                Ok(socket) => socket,
-                Err(error) => match error.kind() {
-                    io::ErrorKind::WouldBlock => return Readiness::Drained,
-                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted => continue,
-                    _ => {
-                        if self.accept_failed(fd, &error) {
-                            continue;
-                        }
-                        return Readiness::Drained;
-                    }
-                },
-            };
-            self.accepted(id, socket);
+        let (driver, counters, log) = (&self.driver, &mut self.counters, &mut self.resource_log);
+        let accepted = self
+            .conns
+            .accept(listener, n, driver, counters, log, self.index);
+        for slot in accepted.replaced {
+            self.close_conn(slot, None);
         }
-        Readiness::More
-    }
-
-    /// An accept on `listener_fd` failed with `error`: logs it (rate-limited) and, out of
-    /// descriptors, refuses one waiting connection. True if one was refused (accept again).
-    fn accept_failed(&mut self, listener_fd: RawFd, error: &io::Error) -> bool {
-        self.conns
-            .accept_failed(listener_fd, error, &mut self.resource_log)
-    }
-
-    /// Takes a connection accepted on stream listener `id`.
-    fn accepted(&mut self, id: ListenerId, socket: socket2::Socket) {
-        let Some(listener) = self.listeners.get(id) else {
-            return;
-        };
-        let replaced = self.conns.admit(
-            socket,
-            listener,
-            &self.driver,
-            &mut self.counters,
-            &mut self.resource_log,
-            self.index,
-        );
-        if let Some(old) = replaced {
-            self.close_conn(old, None);
-        }
+        accepted.readiness
     }
 
     /// Connection `slot` is readable (or writable): writes what is queued, then reads and
@@ -483,7 +329,13 @@ impl<D: Driver> Shard<D> {
             let frame = &read.rx.bytes()[range];
             self.counters.listener_rx_packets += 1;
             self.counters.listeners.traffic[read.metric].rx(frame.len());
-            if let Some(n) = self.dispatch_turn_message(now, read.listener, read.client, frame) {
+            if let Some(n) = self.handle_turn(
+                now,
+                read.listener,
+                read.client,
+                frame,
+                ArrivalKind::Straight,
+            ) {
                 if self.conns.queue(slot, &self.out[..n]) {
                     self.counters.listeners.traffic[read.metric].tx(n);
                 } else {
@@ -507,32 +359,45 @@ impl<D: Driver> Shard<D> {
         let Some(socket) = self.listeners.get(id).and_then(|l| l.datagram_socket(n)) else {
             return Readiness::Drained;
         };
-        let Some(mut batch) = self.datagrams.listener_batch.take() else {
-            return Readiness::Drained;
-        };
-        let readiness = self.drain(socket.fd, &mut batch, |shard, now, datagram| {
+        self.drain(socket.fd, Batch::Listener, |shard, now, datagram| {
             shard.client_datagram(now, socket, datagram)
-        });
-        self.datagrams.listener_batch = Some(batch);
-        readiness
+        })
     }
 
     fn relay_readable(&mut self, relay: RelayId) -> Readiness {
         let Some(fd) = self.relays.fd(relay) else {
             return Readiness::Drained;
         };
-        let Some(mut batch) = self.datagrams.relay_batch.take() else {
+        self.drain(fd, Batch::Relay, |shard, now, datagram| {
+            shard.peer_datagram(now, relay, datagram)
+        })
+    }
+
+    fn sibling_readable(&mut self) -> Readiness {
+        let Some(fd) = self.siblings.as_ref().map(Siblings::fd) else {
             return Readiness::Drained;
         };
-        let readiness = self.drain(fd, &mut batch, |shard, now, datagram| {
-            shard.peer_datagram(now, relay, datagram)
-        });
-        self.datagrams.relay_batch = Some(batch);
+        self.drain(fd, Batch::Relay, Self::sibling_datagram)
+    }
+
+    /// Receives up to [`ROUNDS`] batches from `fd` into batch `which`, handing each datagram to
+    /// `handle`.
+    fn drain(
+        &mut self,
+        fd: RawFd,
+        which: Batch,
+        handle: impl FnMut(&mut Self, Instant, Datagram<'_>),
+    ) -> Readiness {
+        let Some(mut batch) = self.datagrams.lend(which) else {
+            return Readiness::Drained;
+        };
+        let readiness = self.receive(fd, &mut batch, handle);
+        self.datagrams.give_back(which, batch);
         readiness
     }
 
-    /// Receives up to [`ROUNDS`] batches from `fd`, handing each datagram to `handle`.
-    fn drain(
+    /// [`Shard::drain`]'s rounds, each followed by the sends and closes it queued.
+    fn receive(
         &mut self,
         fd: RawFd,
         batch: &mut RecvBatch,
@@ -560,9 +425,7 @@ impl<D: Driver> Shard<D> {
             }
             self.datagrams.flush_to_peers(&mut self.counters);
             self.relays.close_released(&mut self.engine);
-            if self.relays.offload.is_some() {
-                self.sync_offload(now);
-            }
+            self.sync_offload(now);
             if count < BATCH {
                 return Readiness::Drained;
             }
@@ -585,12 +448,10 @@ impl<D: Driver> Shard<D> {
             self.dtls_datagram(now, socket, from, data);
             return;
         }
-        if let Some(n) = self.dispatch_turn_message(now, socket.id, from, data) {
+        if let Some(n) = self.handle_turn(now, socket.id, from, data, ArrivalKind::Straight) {
             // The kernel relays a channel from the moment its ChannelBind is answered: the
             // entry is installed before the answer leaves.
-            if self.relays.offload.is_some() {
-                self.sync_offload(now);
-            }
+            self.sync_offload(now);
             socket.send_to(from, &self.out[..n], &mut self.counters);
         }
     }
@@ -617,7 +478,8 @@ impl<D: Driver> Shard<D> {
             return;
         };
         let received = session.receive(now, datagram, &mut scratch, |session, message| {
-            if let Some(n) = self.dispatch_turn_message(now, socket.id, from, message) {
+            if let Some(n) = self.handle_turn(now, socket.id, from, message, ArrivalKind::Straight)
+            {
                 if !session.send(&self.out[..n]) {
                     self.counters.send_failed += 1;
                 }
@@ -639,31 +501,33 @@ impl<D: Driver> Shard<D> {
         }
     }
 
-    /// The dispatch point for one TURN message from `from` on listener `id`, whatever carried
-    /// it: relays, allocates or answers. Returns the length of the reply left in `self.out`.
-    fn dispatch_turn_message(
+    /// The dispatch point for one TURN message `data` of `client` on listener `id`, whatever
+    /// carried it, as it arrived (`kind`): the engine decides, and what it decides is carried
+    /// out here, the one place a [`ClientAction`] becomes sends (relayed to the peer, relay
+    /// sockets bound, a miss forwarded). The length of the reply left in `self.out`, for the
+    /// caller to send the way the message came.
+    fn handle_turn(
         &mut self,
         now: Instant,
         id: ListenerId,
-        from: SocketAddr,
+        client: SocketAddr,
         data: &[u8],
+        kind: ArrivalKind,
     ) -> Option<usize> {
         let snap: &Snapshot = self.snapshots.serving();
         let listener = self.listeners.get(id)?;
-        let action = self.engine.handle_client(
+        let arrival = Arrival {
             now,
             snap,
-            ListenerRef {
+            listener: ListenerRef {
                 id,
                 spec: &listener.spec,
             },
-            from,
-            data,
-            &mut self.out,
-        );
-        match action {
+            client,
+            kind,
+        };
+        match self.engine.handle_client(arrival, data, &mut self.out) {
             ClientAction::Drop(_) => None,
-            ClientAction::Miss => self.miss(now, id, from, data),
             ClientAction::Reply(n) => Some(n),
             ClientAction::Relay {
                 relay,
@@ -671,58 +535,22 @@ impl<D: Driver> Shard<D> {
                 payload,
                 cluster,
             } => {
-                relay_to_peer(
-                    &self.relays,
-                    &mut self.counters,
-                    &mut self.datagrams,
-                    snap,
-                    relay,
-                    peer,
-                    &data[payload],
-                    cluster,
-                );
+                if let Some(fd) = self.relays.fd(relay) {
+                    let counters = &mut self.counters;
+                    self.datagrams
+                        .queue_to_peer(fd, peer, &data[payload], snap, cluster, counters);
+                }
                 None
             }
+            ClientAction::Miss => self.miss(now, id, client, data),
             ClientAction::AllocateRelay(request) => {
-                let (first, additional) = self.relays.open(&request, &self.driver);
-                let mut bound = |result: std::io::Result<u16>| {
-                    result.map_err(|e| {
-                        if let Some(suppressed) = self.resource_log.allow(now) {
-                            tracing::warn!(target: "stunner", "cannot allocate relay socket: {e}{suppressed}");
-                        }
-                        crate::proto::RelayBindError::from(&e)
-                    })
-                };
-                let bound = BoundRelays {
-                    relay: bound(first),
-                    additional: additional.map(&mut bound),
-                };
+                let log = &mut self.resource_log;
+                let bound = self.relays.bind(&request, &self.driver, log, now);
                 let reply = self
                     .engine
                     .complete_allocate(now, request.relay, bound, &mut self.out);
                 if reply.is_some() {
-                    let ports = [Some(bound.relay), bound.additional];
-                    for (relay, port) in request.sockets().zip(ports) {
-                        if let Some(Ok(port)) = port {
-                            tracing::debug!(
-                                target: "stunner",
-                                "Allocation created: client={}-{}:{}, listener={}, relay-address={}, shard={}",
-                                from,
-                                listener.spec.port,
-                                listener.transport.name(),
-                                listener.spec.name,
-                                SocketAddr::new(
-                                    listener
-                                        .spec
-                                        .relay
-                                        .get(relay.family() == crate::proto::Family::V6)
-                                        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
-                                    port
-                                ),
-                                self.index
-                            );
-                        }
-                    }
+                    relays::log_allocation(&request, &bound, client, listener, self.index);
                 }
                 reply
             }
@@ -730,65 +558,33 @@ impl<D: Driver> Shard<D> {
     }
 
     /// A client datagram that needs an allocation this shard does not hold, with forwarding
-    /// on: a UDP client's goes to the sibling that holds it (a moved flow); a stream or DTLS
-    /// client's (a new connection is a new 5-tuple, which no sibling holds) and one no
-    /// sibling claims get today's answer. The length of a reply left in `self.out`.
+    /// on: a UDP client's goes to the sibling that holds it (a moved flow) as the policy says;
+    /// a stream or DTLS client's (a new connection is a new 5-tuple, which no sibling holds)
+    /// and one nobody else holds get today's answer. The length of a reply left in `self.out`.
     fn miss(
         &mut self,
         now: Instant,
         id: ListenerId,
-        from: SocketAddr,
+        client: SocketAddr,
         data: &[u8],
     ) -> Option<usize> {
-        let udp = self
-            .listeners
-            .get(id)
-            .is_some_and(|l| matches!(l.transport, ListenerTransport::Udp));
-        if udp {
-            if let siblings::MissVerdict::Forwarded = self.forward_miss(now, id, from, data) {
-                return None;
+        if let (Some(siblings), Some(listener)) = (self.siblings.as_mut(), self.listeners.get(id)) {
+            if let ListenerTransport::Udp = listener.transport {
+                let snap = self.snapshots.serving();
+                let name = &listener.spec.name;
+                let action = siblings.forward_miss(now, snap, id, name, client, data);
+                if action != MissAction::AnswerLocally {
+                    return None;
+                }
             }
         }
-        let snap: &Snapshot = self.snapshots.serving();
-        let listener = self.listeners.get(id)?;
-        let action = self.engine.handle_client_local(
-            now,
-            snap,
-            ListenerRef {
-                id,
-                spec: &listener.spec,
-            },
-            from,
-            data,
-            &mut self.out,
-        );
-        let snap = self.snapshots.serving_arc();
-        self.act(now, &snap, data, action)
+        self.handle_turn(now, id, client, data, ArrivalKind::AnsweredLocally)
     }
 
-    /// Queues `payload` for `peer` on `relay`'s socket, counted under `cluster`.
-    fn relay_to_peer(
-        &mut self,
-        snap: &Snapshot,
-        relay: RelayId,
-        peer: SocketAddr,
-        payload: &[u8],
-        cluster: uturn_shared::snapshot::ClusterId,
-    ) {
-        relay_to_peer(
-            &self.relays,
-            &mut self.counters,
-            &mut self.datagrams,
-            snap,
-            relay,
-            peer,
-            payload,
-            cluster,
-        );
-    }
-
-    /// A datagram from a peer on `relay`'s socket: relayed to the client (as ChannelData or
-    /// a Data indication) on whatever transport the client uses.
+    /// A datagram from a peer on `relay`'s socket, handed to the engine; what it says carried
+    /// out here, the one place a [`PeerAction`] becomes sends: relayed to the client (as
+    /// ChannelData or a Data indication) on whatever transport the client uses, or back
+    /// through the sibling the client's flow reaches this pod through.
     fn peer_datagram(&mut self, now: Instant, relay: RelayId, datagram: Datagram<'_>) {
         let Some(peer) = datagram.from else {
             return;
@@ -799,6 +595,12 @@ impl<D: Driver> Shard<D> {
         }
         let snap: &Snapshot = self.snapshots.serving();
         let buf = &mut datagram.buf[..PEER_HEADROOM + datagram.len];
+        let arrival = PeerArrival {
+            now,
+            snap,
+            relay,
+            peer,
+        };
         let PeerAction::ToClient {
             listener,
             client,
@@ -806,9 +608,7 @@ impl<D: Driver> Shard<D> {
             cluster,
             payload_len,
             forwarded,
-        } = self
-            .engine
-            .handle_peer(now, snap, relay, peer, buf, &mut self.out)
+        } = self.engine.handle_peer(arrival, buf, &mut self.out)
         else {
             return;
         };
@@ -816,68 +616,78 @@ impl<D: Driver> Shard<D> {
         if let Some(slot) = counters.cluster(snap, cluster) {
             counters.clusters.traffic[slot].rx(payload_len);
         }
-        if let Some(via) = forwarded.then(|| self.engine.via(relay)).flatten() {
-            // The client reaches us through a sibling now: back through it.
-            self.counters.relayed_to_client += 1;
-            match bytes {
-                Bytes::Input(range) => self.return_through(via, listener, client, &buf[range]),
-                Bytes::Output(n) => {
-                    // Lent out (no copy) while the shard is borrowed to send it.
-                    let out = std::mem::take(&mut self.out);
-                    self.return_through(via, listener, client, &out[..n]);
-                    self.out = out;
-                }
-            }
-            return;
-        }
-        let counters = &mut self.counters;
-        let Some(running) = self.listeners.get_mut(listener) else {
-            return;
-        };
-        // Replies leave from the listener's first socket (any of its group would do).
-        let Some(socket) = running.datagram_socket(0) else {
-            return;
-        };
-        counters.relayed_to_client += 1;
         let data = match bytes {
             Bytes::Input(range) => &buf[range],
             Bytes::Output(n) => &self.out[..n],
         };
-        match &mut running.transport {
-            ListenerTransport::Udp => self
-                .datagrams
-                .queue_to_client(&socket, client, data, counters),
-            ListenerTransport::Dtls(dtls) => dtls.send_to_client(client, data, &socket, counters),
-            ListenerTransport::Tcp | ListenerTransport::Tls(_) => {
-                if self.conns.queue_to_client(listener, client, data) {
-                    counters.listeners.traffic[socket.metric].tx(data.len());
-                } else {
-                    counters.send_failed += 1;
+        if let Some(via) = forwarded.then(|| self.engine.via(relay)).flatten() {
+            // The client reaches us through a sibling now: back through it.
+            counters.relayed_to_client += 1;
+            if let (Some(siblings), Some(running)) =
+                (self.siblings.as_mut(), self.listeners.get(listener))
+            {
+                siblings.return_through(via, &running.spec.name, client, data);
+            }
+            return;
+        }
+        let (datagrams, conns) = (&mut self.datagrams, &mut self.conns);
+        if self
+            .listeners
+            .send_to_client(listener, client, data, datagrams, conns, counters)
+        {
+            counters.relayed_to_client += 1;
+        }
+    }
+
+    /// A datagram on the sibling socket: opened and decided on by the sibling part; a
+    /// forwarded client datagram is served here as arrived through its sibling and answered
+    /// back through it, a returned one sent on to its client.
+    fn sibling_datagram(&mut self, now: Instant, datagram: Datagram<'_>) {
+        let Some(siblings) = self.siblings.as_mut() else {
+            return;
+        };
+        let Some(from) = datagram.from.map(canonical) else {
+            return;
+        };
+        if datagram.truncated {
+            siblings.truncated();
+            return;
+        }
+        let bytes = &datagram.buf[PEER_HEADROOM..PEER_HEADROOM + datagram.len];
+        let snap = self.snapshots.serving();
+        match siblings.receive(now, snap, from, bytes, &self.listeners, &self.engine) {
+            None => {}
+            Some(Inbound::Serve {
+                listener,
+                client,
+                via,
+                claim,
+                payload,
+            }) => {
+                let kind = ArrivalKind::Forwarded { via };
+                let reply = self.handle_turn(now, listener, client, payload, kind);
+                let (Some(siblings), Some(running)) =
+                    (self.siblings.as_mut(), self.listeners.get(listener))
+                else {
+                    return;
+                };
+                let reply = reply.map(|n| &self.out[..n]);
+                siblings.answer(via, &running.spec.name, client, claim, reply);
+            }
+            Some(Inbound::Deliver {
+                listener,
+                client,
+                payload,
+            }) => {
+                let (datagrams, conns) = (&mut self.datagrams, &mut self.conns);
+                let counters = &mut self.counters;
+                if self
+                    .listeners
+                    .send_to_client(listener, client, payload, datagrams, conns, counters)
+                {
+                    siblings.delivered();
                 }
             }
         }
-    }
-}
-
-/// Queues `payload` for `peer` on `relay`'s socket, counted under `cluster`.
-#[allow(clippy::too_many_arguments)] // the shard's parts it touches, each borrowed apart
-fn relay_to_peer(
-    relays: &Relays<impl Sized>,
-    counters: &mut Counters,
-    datagrams: &mut Datagrams,
-    snap: &Snapshot,
-    relay: RelayId,
-    peer: SocketAddr,
-    payload: &[u8],
-    cluster: uturn_shared::snapshot::ClusterId,
-) {
-    if let Some(fd) = relays.fd(relay) {
-        counters.relayed_to_peer += 1;
-        let cluster = counters.cluster(snap, cluster).unwrap_or(NO_SLOT);
-        datagrams
-            .to_peers
-            .push(fd, payload, peer, cluster, &mut |cluster, outcome| {
-                counters.sent_to_peer(cluster, outcome)
-            });
     }
 }

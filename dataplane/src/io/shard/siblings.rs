@@ -1,8 +1,17 @@
-//! Second-chance forwarding between the gateway pods of one gateway ("siblings"): when a
-//! client's UDP flow moves to this pod (a load balancer re-balanced it, a conntrack entry
-//! timed out) and its datagram finds no allocation here, this pod hands the datagram to the
-//! sibling that holds the allocation, which answers through this pod; the client keeps
-//! talking to the address it knows, the peer to the relay address it knows.
+//! Second-chance forwarding between the gateway pods of one gateway ("siblings"), the shard's
+//! part: when a client's UDP flow moves to this pod (a load balancer re-balanced it, a
+//! conntrack entry timed out) and its datagram finds no allocation here, this pod hands the
+//! datagram to the sibling that holds the allocation, which answers through this pod; the
+//! client keeps talking to the address it knows, the peer to the relay address it knows.
+//!
+//! What to do is decided without IO by [`Forwarding`] (`proto/sibling/forwarding.rs`: owners,
+//! queries and their budgets, which messages are accepted, replay windows); [`Siblings`] owns
+//! what it needs to carry that out: the shard's sibling socket, the keys as last read, the
+//! queue of messages to send and the traffic counts. The shard hands it each miss
+//! ([`Siblings::forward_miss`]) and each datagram of the sibling socket
+//! ([`Siblings::receive`]), and does what comes back that needs its other parts: a forwarded
+//! datagram served by the engine ([`Inbound::Serve`], answered with [`Siblings::answer`]), a
+//! returned one sent to its client ([`Inbound::Deliver`]).
 //!
 //! Each shard has its own sibling socket, on the base port plus its index, so that an owner
 //! answers from the shard that holds the allocation and the forwarder's later datagrams reach
@@ -10,54 +19,116 @@
 //! shard as a query ([`FLAG_QUERY`]); a first shard that does not hold the client hands the
 //! query on to its pod's other shards (with the forwarder as its origin); the shard that holds
 //! it answers a [`Kind::Claim`] and, like every answer, a [`Kind::Return`] to the forwarder,
-//! which remembers the owner. A query nobody claims within [`QUERY_WAIT`] makes the client
-//! "nobody's" for [`NOBODY_FOR`]: its datagrams then get today's answer (437, or a drop); so
-//! does a [`Kind::Gone`] from an owner whose allocation ended.
-//! Queries are limited per client source IP and per shard over all sources; forwards to a
-//! known owner are not (they are the call's media). Every message is authenticated ([`crate::proto::sibling`]) and must come
-//! from a sibling's address (or, handed on inside the pod, from loopback).
+//! which remembers the owner.
+//!
+//! The keys come from `--sibling-key-file` (or `UTURN_SIBLING_KEY`) through a
+//! [`SiblingSetup`]; a key file is read again every [`KEY_FILE_POLL`] (a Kubernetes Secret
+//! mount changes in place, by a symlink swap) and a shard takes new keys at its next tick.
 
-use super::{Driver, Shard};
-use crate::io::driver::{Interest, Readiness, Token, Watched};
-use crate::io::socket::{canonical, for_socket, listener_socket};
-use crate::proto::limits::ChallengeLimiter;
-use crate::proto::sibling::{self, Kind, SiblingError, SiblingKey, SiblingMessage, FLAG_QUERY};
-use crate::proto::{BoundRelays, ClientAction, ListenerId, ListenerRef, PEER_HEADROOM};
-use foldhash::fast::RandomState;
-use std::collections::HashMap;
+use super::listeners::Listeners;
+use crate::io::driver::{Driver, Interest, Token, Watched};
+use crate::io::metrics::SiblingReport;
+use crate::io::socket::{for_socket, listener_socket};
+use crate::proto::sibling::queries::MissClass;
+use crate::proto::sibling::{
+    Forwarding, Kind, MessageAction, MissAction, SiblingError, SiblingKeys, SiblingMessage,
+    FLAG_QUERY,
+};
+use crate::proto::{Engine, ListenerId};
+use arc_swap::ArcSwap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use uturn_shared::snapshot::Snapshot;
 use uturn_udp::SendQueue;
 
-/// How long a query waits for its owner's claim.
-pub(crate) const QUERY_WAIT: Duration = Duration::from_millis(300);
-/// How long a client no sibling claimed gets today's answer without asking again.
-pub(crate) const NOBODY_FOR: Duration = Duration::from_secs(5);
-/// How long a known owner is remembered without a datagram for it.
-pub(crate) const OWNER_IDLE: Duration = Duration::from_secs(120);
-/// Clients remembered at most per shard, in each table (an owner, nobody's, a query in flight).
-const MAX_CLIENTS: usize = 1 << 16;
-/// Queries one client source IP may make at once, and per second after that: room for the
-/// calls of a NAT address shared by many clients (an office, a carrier NAT) that move at once,
-/// while one source still takes only a tenth of the shard's budget.
-const QUERY_BURST: u32 = 100;
-const QUERY_RATE: u32 = 50;
-/// Queries a shard makes at once and per second over all sources: misses spoofed from many
-/// source addresses (each with a bucket of its own) send no more than this to the siblings,
-/// while a load balancer moving a thousand calls at once still finds their owners at once.
-const QUERY_BURST_ALL: u32 = 1000;
-const QUERY_RATE_ALL: u32 = 500;
+/// How often a key file is read again.
+pub(crate) const KEY_FILE_POLL: Duration = Duration::from_secs(1);
 
 /// What the dataplane is told about its siblings at start (their addresses come and go with
-/// the snapshot).
+/// the snapshot, their keys with the key file).
 #[derive(Debug, Clone)]
 pub struct SiblingSetup {
-    /// The key the gateway's pods share.
-    pub key: SiblingKey,
+    /// The keys the gateway's pods share, as last read; every shard holds a handle.
+    keys: Arc<ArcSwap<SiblingKeys>>,
     /// The first shard's sibling port; shard `i` listens on `port + i`, on every pod.
     pub port: u16,
+}
+
+impl SiblingSetup {
+    /// Forwarding under `keys`, fixed for the process's life (`UTURN_SIBLING_KEY`).
+    pub fn new(keys: SiblingKeys, port: u16) -> SiblingSetup {
+        SiblingSetup {
+            keys: Arc::new(ArcSwap::from_pointee(keys)),
+            port,
+        }
+    }
+
+    /// Forwarding under the keys in file `path` ([`SiblingKeys::parse`]: the current key on
+    /// the first line, optionally the next on the second), read now and then again every
+    /// second (`KEY_FILE_POLL`) by a thread of its own: a change is taken by every shard at its next
+    /// tick, a file that cannot be read or holds no valid keys is logged and the running keys
+    /// stay. The thread ends once the dataplane has dropped the setup.
+    pub fn from_key_file(path: &Path, port: u16) -> Result<SiblingSetup, String> {
+        let shown = path.display().to_string();
+        let text = std::fs::read(path).map_err(|e| format!("--sibling-key-file {shown:?}: {e}"))?;
+        let keys =
+            SiblingKeys::parse(&text).map_err(|e| format!("--sibling-key-file {shown:?}: {e}"))?;
+        let setup = SiblingSetup::new(keys, port);
+        let watched = Arc::downgrade(&setup.keys);
+        let path = path.to_owned();
+        std::thread::Builder::new()
+            .name("sibling-keys".into())
+            .spawn(move || follow_key_file(path, watched, text))
+            .map_err(|e| format!("--sibling-key-file {shown:?}: cannot start its reader: {e}"))?;
+        Ok(setup)
+    }
+
+    /// The keys as last read.
+    pub fn keys(&self) -> Arc<SiblingKeys> {
+        self.keys.load_full()
+    }
+}
+
+/// Reads key file `path` every [`KEY_FILE_POLL`] and stores what it holds when it changes
+/// (`last`: the contents read last), until nobody holds the keys any more.
+fn follow_key_file(path: PathBuf, keys: std::sync::Weak<ArcSwap<SiblingKeys>>, mut last: Vec<u8>) {
+    let shown = path.display().to_string();
+    let mut unreadable = false;
+    loop {
+        std::thread::sleep(KEY_FILE_POLL);
+        let Some(keys) = keys.upgrade() else {
+            return;
+        };
+        match std::fs::read(&path) {
+            Err(e) => {
+                if !unreadable {
+                    tracing::warn!(target: "stunnerd", "cannot read the sibling keys in {shown:?} (the running keys stay: {}): {e}", keys.load());
+                }
+                unreadable = true;
+            }
+            Ok(text) => {
+                unreadable = false;
+                if text == last {
+                    continue;
+                }
+                match SiblingKeys::parse(&text) {
+                    Ok(new) if **keys.load() == new => {}
+                    Ok(new) => {
+                        tracing::info!(target: "stunnerd", "sibling keys in {shown:?} changed: {new} (were {})", keys.load());
+                        keys.store(Arc::new(new));
+                    }
+                    Err(e) => {
+                        tracing::warn!(target: "stunnerd", "ignoring the sibling keys in {shown:?} (the running keys stay: {}): {e}", keys.load())
+                    }
+                }
+                last = text;
+            }
+        }
+    }
 }
 
 /// The counters of second-chance forwarding, per shard.
@@ -77,10 +148,13 @@ pub struct SiblingCounts {
     pub hits: u64,
     /// Queries no sibling claimed in time.
     pub misses: u64,
-    /// Queries not sent for the client source's query budget.
+    /// Queries not sent for the query budget (the source's or the shard's, of the miss's
+    /// class).
     pub rate_limited: u64,
-    /// Messages refused: not authenticated (wrong key), stale clock, malformed, or from an
-    /// address that is no sibling.
+    /// Messages refused: not authenticated (under neither key), stale clock, malformed, from
+    /// an address that is no sibling, a sender counter seen before or older than its window
+    /// (replayed), a new sender with no room for it, or a claim, return or gone this shard did
+    /// not ask for (no query pending, no forwarding to that sibling).
     pub unauthenticated: u64,
     /// See [`SiblingCounts::unauthenticated`].
     pub stale: u64,
@@ -88,39 +162,24 @@ pub struct SiblingCounts {
     pub malformed: u64,
     /// See [`SiblingCounts::unauthenticated`].
     pub not_sibling: u64,
+    /// See [`SiblingCounts::unauthenticated`].
+    pub replayed: u64,
+    /// See [`SiblingCounts::unauthenticated`].
+    pub too_many_senders: u64,
+    /// See [`SiblingCounts::unauthenticated`].
+    pub unsolicited: u64,
 }
 
-/// Whom a client of one of our listeners is forwarded to.
-#[derive(Debug, Clone, Copy)]
-struct Owner {
-    addr: SocketAddr,
-    seen: Instant,
-}
-
-type ClientOf = (ListenerId, SocketAddr);
-
-/// A shard's sibling socket and what it knows of its clients' owners.
-pub(super) struct SiblingLink<W> {
-    socket: Watched<W>,
-    /// Its address: `[::]` (dual-stack) where the host has IPv6, else `0.0.0.0`.
-    local: SocketAddr,
-    key: SiblingKey,
-    base: u16,
-    index: usize,
-    shards: usize,
-    owners: HashMap<ClientOf, Owner, RandomState>,
-    nobody: HashMap<ClientOf, Instant, RandomState>,
-    pending: HashMap<ClientOf, Instant, RandomState>,
-    queries: ChallengeLimiter,
-    /// The shard's budget over all sources (one bucket).
-    queries_all: ChallengeLimiter,
-    message: Vec<u8>,
-    /// Messages for siblings, sent together when the shard flushes (a run of forwarded media
-    /// for one owner leaves in one `sendmmsg`), tagged with what they count as ([`Sent`]).
-    /// Without UDP GSO: between pods it cost more CPU than it saved below saturation
-    /// (perf/results/2026-12-07-second-chance.md).
-    queue: SendQueue,
-    pub(super) counts: SiblingCounts,
+/// What this shard sent and received for clients, counted here (the policy counts its
+/// decisions: [`crate::proto::sibling::ForwardingCounts`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Traffic {
+    forwarded_out: u64,
+    forwarded_in: u64,
+    returned_out: u64,
+    returned_in: u64,
+    /// Datagrams cut by the socket (counted as malformed).
+    truncated: u64,
 }
 
 /// What a message sent to a sibling counts as, once the kernel took it.
@@ -135,17 +194,18 @@ enum Sent {
 }
 
 /// Counts one message the sibling queue sent (or failed to).
-fn count_sent(counts: &mut SiblingCounts, tag: usize, outcome: io::Result<usize>) {
+fn count_sent(traffic: &mut Traffic, tag: usize, outcome: io::Result<usize>) {
     if outcome.is_err() {
         return;
     }
     if tag == Sent::Forwarded as usize {
-        counts.forwarded_out += 1;
+        traffic.forwarded_out += 1;
     } else if tag == Sent::Returned as usize {
-        counts.returned_out += 1;
+        traffic.returned_out += 1;
     }
 }
 
+/// The wall clock in ms since the Unix epoch: the messages' freshness is checked against it.
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -153,15 +213,85 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-impl<W> SiblingLink<W> {
+/// What a message from a sibling asks of the shard's other parts.
+pub(super) enum Inbound<'a> {
+    /// A datagram of `client` of `listener`, forwarded by `via` for an allocation this shard
+    /// holds: handle `payload` as arrived forwarded, then [`Siblings::answer`].
+    Serve {
+        listener: ListenerId,
+        client: SocketAddr,
+        via: SocketAddr,
+        /// It was a query: the answer claims the client.
+        claim: bool,
+        payload: &'a [u8],
+    },
+    /// A datagram for `client` of `listener`, returned by its owner: send `payload` to it from
+    /// the listener's socket.
+    Deliver {
+        listener: ListenerId,
+        client: SocketAddr,
+        payload: &'a [u8],
+    },
+}
+
+/// A shard's sibling socket, its forwarding policy and what it sends.
+pub(super) struct Siblings<W> {
+    socket: Watched<W>,
+    /// Its address: `[::]` (dual-stack) where the host has IPv6, else `0.0.0.0`.
+    local: SocketAddr,
+    /// The keys as last read, shared with the key file's reader.
+    keyring: Arc<ArcSwap<SiblingKeys>>,
+    forwarding: Forwarding,
+    /// The first shard's sibling port, and how many shards the pod runs.
+    base: u16,
+    shards: usize,
+    /// Where a message is sealed before it is queued.
+    message: Vec<u8>,
+    /// Messages for siblings, sent together when the shard flushes (a run of forwarded media
+    /// for one owner leaves in one `sendmmsg`), tagged with what they count as ([`Sent`]).
+    /// Without UDP GSO: between pods it cost more CPU than it saved below saturation
+    /// (perf/results/2026-12-07-second-chance.md).
+    queue: SendQueue,
+    traffic: Traffic,
+}
+
+impl<W> Siblings<W> {
+    /// With `setup` (forwarding configured, `shards` in the pod), opens shard `index`'s part
+    /// and turns misses over to it in `engine`; a socket that cannot be had is logged, and the
+    /// shard forwards nothing.
+    pub(super) fn start<D: Driver<Watch = W>>(
+        setup: Option<&(SiblingSetup, usize)>,
+        index: usize,
+        driver: &D,
+        engine: &mut Engine,
+        now: Instant,
+    ) -> Option<Siblings<W>> {
+        let (setup, shards) = setup?;
+        match Siblings::open(setup, index, *shards, driver, now) {
+            Ok(siblings) => {
+                engine.set_forward_misses(true);
+                Some(siblings)
+            }
+            Err(e) => {
+                tracing::error!(
+                    target: "stunnerd",
+                    "shard {index}: cannot open the sibling socket on port {} + {index}: {e}; \
+                     this shard forwards no client to a sibling",
+                    setup.port,
+                );
+                None
+            }
+        }
+    }
+
     /// Opens shard `index`'s sibling socket (`setup.port + index`, every address).
-    pub(super) fn open<D: Driver<Watch = W>>(
+    fn open<D: Driver<Watch = W>>(
         setup: &SiblingSetup,
         index: usize,
         shards: usize,
         driver: &D,
         now: Instant,
-    ) -> io::Result<SiblingLink<W>> {
+    ) -> io::Result<Siblings<W>> {
         let port = u16::try_from(usize::from(setup.port) + index)
             .map_err(|_| io::Error::other("sibling port beyond 65535"))?;
         let socket = listener_socket(None, port)?;
@@ -170,397 +300,259 @@ impl<W> SiblingLink<W> {
             .as_socket()
             .ok_or_else(|| io::Error::other("the sibling socket has no IP address"))?;
         let socket = driver.watch(socket, Token::Sibling, Interest::Datagrams)?;
-        Ok(SiblingLink {
+        if index == 0 {
+            tracing::info!(target: "stunnerd", "second-chance forwarding on sibling ports {}+, sibling keys {}", setup.port, setup.keys());
+        }
+        Ok(Siblings {
             socket,
             local,
-            key: setup.key.clone(),
+            keyring: setup.keys.clone(),
+            // Random per shard and process: a restarted pod's messages are a new sender's,
+            // whose counters start again.
+            forwarding: Forwarding::new(setup.keys(), rand::random(), index == 0, now),
             base: setup.port,
-            index,
             shards,
-            owners: HashMap::with_hasher(RandomState::default()),
-            nobody: HashMap::with_hasher(RandomState::default()),
-            pending: HashMap::with_hasher(RandomState::default()),
-            queries: ChallengeLimiter::new(QUERY_RATE, QUERY_BURST, now),
-            queries_all: ChallengeLimiter::shared(QUERY_RATE_ALL, QUERY_BURST_ALL, now),
             message: Vec::with_capacity(2048),
             queue: SendQueue::new().without_gso(),
-            counts: SiblingCounts::default(),
+            traffic: Traffic::default(),
         })
+    }
+
+    /// The sibling socket's fd, to drain.
+    pub(super) fn fd(&self) -> RawFd {
+        self.socket.fd
     }
 
     /// Queues `message` for sibling `to` (sent at the shard's next flush), counted as `sent`.
     fn send(&mut self, to: SocketAddr, message: &SiblingMessage<'_>, sent: Sent) {
-        if sibling::encode(&self.key, message, unix_ms(), &mut self.message).is_none() {
+        if self
+            .forwarding
+            .seal(message, unix_ms(), &mut self.message)
+            .is_none()
+        {
             return;
         }
-        let counts = &mut self.counts;
+        let traffic = &mut self.traffic;
         self.queue.push(
             self.socket.fd,
             &self.message,
             for_socket(self.local, to),
             sent as usize,
-            &mut |tag, outcome| count_sent(counts, tag, outcome),
+            &mut |tag, outcome| count_sent(traffic, tag, outcome),
         );
     }
 
     /// Sends the queued messages.
     pub(super) fn flush(&mut self) {
         if !self.queue.is_empty() {
-            let counts = &mut self.counts;
+            let traffic = &mut self.traffic;
             self.queue
-                .flush(&mut |tag, outcome| count_sent(counts, tag, outcome));
+                .flush(&mut |tag, outcome| count_sent(traffic, tag, outcome));
         }
     }
 
-    /// Forgets owners idle too long, turns unanswered queries into "nobody's".
+    /// Takes the keys as last read, and lets the policy forget what is due.
     pub(super) fn tick(&mut self, now: Instant) {
-        self.owners
-            .retain(|_, owner| now.saturating_duration_since(owner.seen) < OWNER_IDLE);
-        self.nobody.retain(|_, until| *until > now);
-        let mut missed = Vec::new();
-        self.pending.retain(|client, deadline| {
-            let waiting = *deadline > now;
-            if !waiting {
-                missed.push(*client);
-            }
-            waiting
-        });
-        for client in missed {
-            self.counts.misses += 1;
-            if self.nobody.len() < MAX_CLIENTS {
-                self.nobody.insert(client, now + NOBODY_FOR);
-            }
+        let keys = self.keyring.load();
+        if !Arc::ptr_eq(&keys, self.forwarding.keys()) {
+            self.forwarding.set_keys(Arc::clone(&keys));
         }
+        self.forwarding.handle_timeout(now);
     }
 
-    /// How many clients this shard forwards to each sibling (by IP).
-    pub(super) fn forwarding_for(&self) -> Vec<(IpAddr, u64)> {
-        let mut counts: Vec<(IpAddr, u64)> = Vec::new();
-        for owner in self.owners.values() {
-            crate::io::metrics::add_count(&mut counts, owner.addr.ip(), 1);
-        }
-        counts
-    }
-}
-
-/// What to do with a client datagram that missed.
-pub(super) enum MissVerdict {
-    /// Handed to a sibling (or dropped while a query is in flight, or over the query budget):
-    /// nothing to answer here.
-    Forwarded,
-    /// Give today's answer.
-    Local,
-}
-
-impl<D: Driver> Shard<D> {
-    /// A datagram from `from` on UDP listener `id` that needs an allocation this shard does
-    /// not hold: to its owner if known, else a query to every sibling, else today's answer.
+    /// A datagram `data` of `client` on UDP listener `listener` (called `name`) that needs an
+    /// allocation this shard does not hold: sent to its owner, or as a query to every
+    /// sibling, as the policy says. What the policy said.
     pub(super) fn forward_miss(
         &mut self,
         now: Instant,
-        id: ListenerId,
-        from: SocketAddr,
+        snap: &Snapshot,
+        listener: ListenerId,
+        name: &str,
+        client: SocketAddr,
         data: &[u8],
-    ) -> MissVerdict {
-        let snap: &Snapshot = self.snapshots.serving();
-        let siblings = snap.sibling_ips.clone();
-        let (Some(link), Some(listener)) = (self.siblings.as_mut(), self.listeners.get(id)) else {
-            return MissVerdict::Local;
-        };
-        let client = (id, from);
-        let message = |flags| SiblingMessage {
+    ) -> MissAction {
+        let action = self.forwarding.handle_miss(
+            now,
+            listener,
+            client,
+            !snap.sibling_ips.is_empty(),
+            || MissClass::of(&snap.auth, data, unix_ms() / 1000),
+        );
+        let forward = |flags| SiblingMessage {
             kind: Kind::Forward,
             flags,
-            client: from,
+            client,
             origin: None,
-            listener: &listener.spec.name,
+            listener: name,
             payload: data,
         };
-        if let Some(owner) = link.owners.get_mut(&client) {
-            owner.seen = now;
-            let to = owner.addr;
-            link.send(to, &message(0), Sent::Forwarded);
-            return MissVerdict::Forwarded;
+        match action {
+            MissAction::ToOwner(owner) => self.send(owner, &forward(0), Sent::Forwarded),
+            MissAction::Query => {
+                for ip in snap.sibling_ips.iter() {
+                    let first_shard = SocketAddr::new(*ip, self.base);
+                    self.send(first_shard, &forward(FLAG_QUERY), Sent::Forwarded);
+                }
+            }
+            MissAction::AwaitClaim | MissAction::OverBudget | MissAction::AnswerLocally => {}
         }
-        if link.nobody.get(&client).is_some_and(|until| *until > now) || siblings.is_empty() {
-            return MissVerdict::Local;
-        }
-        if link.pending.contains_key(&client) {
-            // A query is out: the owner will be known in a moment.
-            return MissVerdict::Forwarded;
-        }
-        if link.pending.len() >= MAX_CLIENTS
-            || !link.queries.allow(from.ip(), now)
-            || !link.queries_all.allow(from.ip(), now)
-        {
-            // Dropped unanswered, not given today's 437: the client may be a moved call whose
-            // owner is asked when the budget allows (its next datagram, or the request's
-            // retransmission); a 437 to its Refresh would end the call at the client.
-            link.counts.rate_limited += 1;
-            return MissVerdict::Forwarded;
-        }
-        link.pending.insert(client, now + QUERY_WAIT);
-        link.counts.queries += 1;
-        let base = link.base;
-        for ip in siblings.iter() {
-            link.send(
-                SocketAddr::new(*ip, base),
-                &message(FLAG_QUERY),
-                Sent::Forwarded,
-            );
-        }
-        MissVerdict::Forwarded
+        action
     }
 
-    /// The sibling socket is readable.
-    pub(super) fn sibling_readable(&mut self) -> Readiness {
-        let Some(fd) = self.siblings.as_ref().map(|l| l.socket.fd) else {
-            return Readiness::Drained;
-        };
-        let Some(mut batch) = self.datagrams.relay_batch.take() else {
-            return Readiness::Drained;
-        };
-        let readiness = self.drain(fd, &mut batch, |shard, now, datagram| {
-            let Some(from) = datagram.from.map(canonical) else {
-                return;
-            };
-            if datagram.truncated {
-                if let Some(link) = shard.siblings.as_mut() {
-                    link.counts.malformed += 1;
-                }
-                return;
-            }
-            let bytes = &datagram.buf[PEER_HEADROOM..PEER_HEADROOM + datagram.len];
-            shard.sibling_datagram(now, from, bytes);
-        });
-        self.datagrams.relay_batch = Some(batch);
-        readiness
-    }
-
-    fn sibling_datagram(&mut self, now: Instant, from: SocketAddr, bytes: &[u8]) {
-        let snap = self.snapshots.serving_arc();
-        let Some(link) = self.siblings.as_mut() else {
-            return;
-        };
-        // Handed on inside this pod, or from a sibling.
-        if !from.ip().is_loopback() && !snap.sibling_ips.contains(&from.ip()) {
-            link.counts.not_sibling += 1;
-            return;
-        }
-        let message = match sibling::decode(&link.key, bytes, unix_ms()) {
-            Ok(message) => message,
-            Err(error) => {
-                match error {
-                    SiblingError::Unauthenticated => link.counts.unauthenticated += 1,
-                    SiblingError::Stale => link.counts.stale += 1,
-                    SiblingError::Malformed => link.counts.malformed += 1,
-                }
-                return;
-            }
-        };
-        let Some(id) = self.listeners.id_of(message.listener) else {
-            return;
-        };
-        let client = (id, message.client);
-        match message.kind {
-            Kind::Claim => {
-                let link = self.siblings.as_mut().expect("checked above");
-                if link.pending.remove(&client).is_some() {
-                    link.counts.hits += 1;
-                }
-                link.nobody.remove(&client);
-                if link.owners.len() < MAX_CLIENTS || link.owners.contains_key(&client) {
-                    link.owners.insert(
-                        client,
-                        Owner {
-                            addr: from,
-                            seen: now,
-                        },
-                    );
-                }
-            }
-            Kind::Gone => {
-                let link = self.siblings.as_mut().expect("checked above");
-                if link.owners.get(&client).is_some_and(|o| o.addr == from) {
-                    link.owners.remove(&client);
-                    if link.nobody.len() < MAX_CLIENTS {
-                        link.nobody.insert(client, now + NOBODY_FOR);
-                    }
-                }
-            }
-            Kind::Return => {
-                let Some(socket) = self
-                    .listeners
-                    .get(id)
-                    .and_then(|l| l.datagram_socket(0))
-                    .filter(|s| !s.dtls)
-                else {
-                    return;
-                };
-                let link = self.siblings.as_mut().expect("checked above");
-                link.counts.returned_in += 1;
-                if let Some(owner) = link.owners.get_mut(&client) {
-                    owner.seen = now;
-                }
-                self.datagrams.queue_to_client(
-                    &socket,
-                    message.client,
-                    message.payload,
-                    &mut self.counters,
-                );
-            }
-            Kind::Forward => {
-                let reply_to = message.origin.unwrap_or(from);
-                if self.engine.holds(id, message.client) {
-                    self.owner_forwarded(now, &snap, id, reply_to, &message);
-                    return;
-                }
-                let link = self.siblings.as_mut().expect("checked above");
-                if message.flags & FLAG_QUERY == 0 {
-                    // The forwarder thinks we own the client, which we no longer do (the call
-                    // ended, or its allocation expired): it must stop, and answer as today.
-                    let gone = SiblingMessage {
-                        kind: Kind::Gone,
-                        flags: 0,
-                        payload: &[],
-                        origin: None,
-                        ..message.clone()
-                    };
-                    link.send(reply_to, &gone, Sent::Control);
-                    return;
-                }
-                // A query reaches every pod's first shard: that shard asks the pod's others.
-                if message.origin.is_none() && link.index == 0 {
-                    let handed_on = SiblingMessage {
-                        origin: Some(from),
-                        ..message.clone()
-                    };
-                    for shard in 1..link.shards {
-                        let Some(port) = u16::try_from(usize::from(link.base) + shard).ok() else {
-                            break;
-                        };
-                        let local = SocketAddr::new(IpAddr::from([127, 0, 0, 1]), port);
-                        link.send(local, &handed_on, Sent::Control);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The owner's side: a datagram a sibling (`reply_to`) forwarded for a client whose
-    /// allocation this shard holds, handled as if it came straight, answered through it.
-    fn owner_forwarded(
+    /// A datagram `bytes` from `from` on the sibling socket, received at `now` under `snap`:
+    /// opened and decided on by the policy; what it asks of this part (a gone, a query handed
+    /// on) is queued here, what it asks of the shard's other parts is returned. A message about
+    /// a listener that is not one of the UDP `listeners` is dropped; `engine` says whether the
+    /// client's allocation is held here.
+    pub(super) fn receive<'a>(
         &mut self,
         now: Instant,
         snap: &Snapshot,
-        id: ListenerId,
-        reply_to: SocketAddr,
-        message: &SiblingMessage<'_>,
-    ) {
-        let Some(listener) = self.listeners.get(id) else {
-            return;
-        };
-        let action = self.engine.handle_forwarded(
-            now,
-            snap,
-            ListenerRef {
-                id,
-                spec: &listener.spec,
-            },
-            message.client,
-            message.payload,
-            &mut self.out,
-            reply_to,
-        );
-        let reply = self.act(now, snap, message.payload, action);
-        // Fields apart: the listener's name, the link and the reply are borrowed together.
-        let (Some(link), Some(listener)) = (self.siblings.as_mut(), self.listeners.get(id)) else {
-            return;
-        };
-        let name = &listener.spec.name;
-        link.counts.forwarded_in += 1;
-        if message.flags & FLAG_QUERY != 0 {
-            let claim = SiblingMessage {
-                kind: Kind::Claim,
-                flags: 0,
-                client: message.client,
-                origin: None,
-                listener: name,
-                payload: &[],
-            };
-            link.send(reply_to, &claim, Sent::Control);
-        }
-        if let Some(n) = reply {
-            let answer = SiblingMessage {
-                kind: Kind::Return,
-                flags: 0,
-                client: message.client,
-                origin: None,
-                listener: name,
-                payload: &self.out[..n],
-            };
-            link.send(reply_to, &answer, Sent::Returned);
+        from: SocketAddr,
+        bytes: &'a [u8],
+        listeners: &Listeners<W>,
+        engine: &Engine,
+    ) -> Option<Inbound<'a>> {
+        let from_sibling = snap.sibling_ips.contains(&from.ip());
+        let message = self
+            .forwarding
+            .open(from, from_sibling, bytes, unix_ms(), now)
+            .ok()?;
+        let listener = listeners.udp_id_of(message.listener)?;
+        let client = message.client;
+        let held = engine.has_allocation(listener, client);
+        match self
+            .forwarding
+            .handle_message(now, from, listener, &message, held)
+        {
+            MessageAction::Serve { via, claim } => Some(Inbound::Serve {
+                listener,
+                client,
+                via,
+                claim,
+                payload: message.payload,
+            }),
+            MessageAction::Deliver => Some(Inbound::Deliver {
+                listener,
+                client,
+                payload: message.payload,
+            }),
+            MessageAction::SendGone { to } => {
+                let gone = SiblingMessage {
+                    kind: Kind::Gone,
+                    flags: 0,
+                    payload: &[],
+                    origin: None,
+                    ..message
+                };
+                self.send(to, &gone, Sent::Control);
+                None
+            }
+            MessageAction::HandOn { origin } => {
+                let handed_on = SiblingMessage {
+                    origin: Some(origin),
+                    ..message
+                };
+                for shard in 1..self.shards {
+                    let Some(port) = u16::try_from(usize::from(self.base) + shard).ok() else {
+                        break;
+                    };
+                    let local = SocketAddr::new(IpAddr::from([127, 0, 0, 1]), port);
+                    self.send(local, &handed_on, Sent::Control);
+                }
+                None
+            }
+            MessageAction::Done | MessageAction::Refused(_) => None,
         }
     }
 
-    /// Sends `data` for `client` of listener `id` back through sibling `via`.
+    /// A datagram the socket cut (too long to be a message): refused as malformed.
+    pub(super) fn truncated(&mut self) {
+        self.traffic.truncated += 1;
+    }
+
+    /// The owner's answer to an [`Inbound::Serve`] of `client` of listener `name`, through
+    /// `via`: the claim a query asked for, then `reply`, what the engine answered, if anything.
+    pub(super) fn answer(
+        &mut self,
+        via: SocketAddr,
+        name: &str,
+        client: SocketAddr,
+        claim: bool,
+        reply: Option<&[u8]>,
+    ) {
+        self.traffic.forwarded_in += 1;
+        let message = |kind, payload| SiblingMessage {
+            kind,
+            flags: 0,
+            client,
+            origin: None,
+            listener: name,
+            payload,
+        };
+        if claim {
+            self.send(via, &message(Kind::Claim, &[]), Sent::Control);
+        }
+        if let Some(reply) = reply {
+            self.send(via, &message(Kind::Return, reply), Sent::Returned);
+        }
+    }
+
+    /// Sends `data` for `client` of listener `name` back through sibling `via`, the forwarder
+    /// its flow reaches this pod through.
     pub(super) fn return_through(
         &mut self,
         via: SocketAddr,
-        id: ListenerId,
+        name: &str,
         client: SocketAddr,
         data: &[u8],
     ) {
-        let (Some(link), Some(listener)) = (self.siblings.as_mut(), self.listeners.get(id)) else {
-            return;
-        };
         let answer = SiblingMessage {
             kind: Kind::Return,
             flags: 0,
             client,
             origin: None,
-            listener: &listener.spec.name,
+            listener: name,
             payload: data,
         };
-        link.send(via, &answer, Sent::Returned);
+        self.send(via, &answer, Sent::Returned);
     }
 
-    /// Carries out what the engine asked for a client datagram (relays it, or binds an
-    /// allocation's sockets); the length of the reply left in `self.out`, if any.
-    pub(super) fn act(
-        &mut self,
-        now: Instant,
-        snap: &Snapshot,
-        data: &[u8],
-        action: ClientAction,
-    ) -> Option<usize> {
-        match action {
-            ClientAction::Drop(_) | ClientAction::Miss => None,
-            ClientAction::Reply(n) => Some(n),
-            ClientAction::Relay {
-                relay,
-                peer,
-                payload,
-                cluster,
-            } => {
-                self.relay_to_peer(snap, relay, peer, &data[payload], cluster);
-                None
-            }
-            ClientAction::AllocateRelay(request) => {
-                // An Allocate is never forwarded; a request for relays here is answered as
-                // a bind failure rather than left pending.
-                self.engine.complete_allocate(
-                    now,
-                    request.relay,
-                    BoundRelays {
-                        relay: Err(crate::proto::RelayBindError {
-                            kind: io::ErrorKind::Unsupported,
-                        }),
-                        additional: None,
-                    },
-                    &mut self.out,
-                )
-            }
+    /// An [`Inbound::Deliver`] was sent on to its client.
+    pub(super) fn delivered(&mut self) {
+        self.traffic.returned_in += 1;
+    }
+
+    /// What this shard publishes per tick: its counts, and how many clients it forwards to
+    /// each sibling.
+    pub(super) fn report(&self) -> SiblingReport {
+        SiblingReport {
+            counts: self.counts(),
+            forwarding: self.forwarding.forwarding_for(),
+        }
+    }
+
+    /// What this shard counted: the traffic here, the decisions of its policy.
+    fn counts(&self) -> SiblingCounts {
+        let policy = self.forwarding.counts();
+        let refused = |error: SiblingError| policy.refused[error.index()];
+        SiblingCounts {
+            forwarded_out: self.traffic.forwarded_out,
+            forwarded_in: self.traffic.forwarded_in,
+            returned_out: self.traffic.returned_out,
+            returned_in: self.traffic.returned_in,
+            queries: policy.queries,
+            hits: policy.hits,
+            misses: policy.misses,
+            rate_limited: policy.rate_limited,
+            unauthenticated: refused(SiblingError::Unauthenticated),
+            stale: refused(SiblingError::Stale),
+            malformed: refused(SiblingError::Malformed) + self.traffic.truncated,
+            not_sibling: refused(SiblingError::NotSibling),
+            replayed: refused(SiblingError::Replayed),
+            too_many_senders: refused(SiblingError::TooManySenders),
+            unsolicited: refused(SiblingError::Unsolicited),
         }
     }
 }

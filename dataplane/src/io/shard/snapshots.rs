@@ -68,17 +68,6 @@ impl Snapshots {
         latest
     }
 
-    /// [`Snapshots::serving`], shared (for a path that needs the shard mutably meanwhile).
-    pub(super) fn serving_arc(&mut self) -> Arc<Snapshot> {
-        let generation = self.serving().generation;
-        let latest = self.cache.load();
-        if latest.generation == generation {
-            latest.clone()
-        } else {
-            self.reconciled.clone()
-        }
-    }
-
     /// The newest snapshot, if the listeners are not yet reconciled to it completely. A
     /// listener that must wait for another run's sockets to close is tried again on the next
     /// tick.
