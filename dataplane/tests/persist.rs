@@ -309,3 +309,91 @@ fn a_dual_allocation_keeps_the_relays_it_still_has() {
     let (_, adopted) = second_process(&yaml, &ledger, records, now_ns);
     assert_eq!(adopted, [Ok(vec![RelayId(0)])]);
 }
+
+/// What `h`'s engine reports changed since the last call, on a fixed epoch.
+fn drained(h: &mut Harness) -> Vec<JournalEntry> {
+    let epoch = MonotonicEpoch {
+        instant: h.now,
+        monotonic_ns: EXPORTED_AT_NS,
+    };
+    std::iter::from_fn(|| h.engine.poll_persist(epoch)).collect()
+}
+
+/// The kinds of `entries`: `P<permissions><channels>` for a Put, `D` for a Delete.
+fn kinds(entries: &[JournalEntry]) -> Vec<String> {
+    entries
+        .iter()
+        .map(|entry| match entry {
+            JournalEntry::Put(r) => format!("P{}{}", r.permissions.len(), r.channels.len()),
+            JournalEntry::Delete { .. } => "D".into(),
+        })
+        .collect()
+}
+
+#[test]
+fn the_journal_hears_of_every_request_that_changed_an_allocation_and_of_no_packet() {
+    let mut h = Harness::new(STATIC_AUTH);
+    h.engine.enable_persist();
+    let mut c = Client::new(USER, PASS);
+    c.learn_nonce(&mut h, CLIENT);
+    // A 401 changes nothing.
+    assert!(drained(&mut h).is_empty());
+    let request = c.build(ALLOCATE, TransactionId::generate(), &udp, true);
+    assert_eq!(h.request(CLIENT, &request).class(), MessageClass::Success);
+    let mut journal = drained(&mut h);
+    assert_eq!(kinds(&journal), ["P00"]);
+    c.call(&mut h, CREATE_PERMISSION, &peer_attr(PEER));
+    let changes = drained(&mut h);
+    assert_eq!(kinds(&changes), ["P10"]);
+    journal.extend(changes);
+    // Two changes before the shell asks: one Put, of the allocation as it is now.
+    c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4001, PEER));
+    c.call(&mut h, CREATE_PERMISSION, &peer_attr(OTHER_PEER));
+    let changes = drained(&mut h);
+    assert_eq!(kinds(&changes), ["P21"]);
+    journal.extend(changes);
+    // Media, both ways, and a refused request: nothing to record.
+    assert!(channel_data(&mut h, 0x4001).is_ok());
+    h.peer(RelayId(0), PEER, b"back");
+    let refused = c.call(&mut h, CHANNEL_BIND, &channel_attrs(0x4001, OTHER_PEER));
+    assert_eq!(refused.class(), MessageClass::Error);
+    assert!(drained(&mut h).is_empty());
+    // A Refresh moves the deadline; the journal read back is what the engine holds.
+    h.advance(60);
+    let refresh = |m: &mut MessageWriteVec, _| m.add_attribute(&Lifetime::new(300)).unwrap();
+    c.call(&mut h, REFRESH, &refresh);
+    journal.extend(drained(&mut h));
+    let JournalEntry::Put(last) = journal.last().unwrap() else {
+        panic!("{journal:?}")
+    };
+    let epoch = MonotonicEpoch {
+        instant: h.now,
+        monotonic_ns: EXPORTED_AT_NS,
+    };
+    assert_eq!(last.expires_at_ns, EXPORTED_AT_NS + 300_000_000_000);
+    assert_eq!(
+        replay(journal.clone(), 0),
+        h.engine.allocation_records(epoch)
+    );
+    // Deleted by the client: a Delete, and the journal replays to nothing.
+    let delete = |m: &mut MessageWriteVec, _| m.add_attribute(&Lifetime::new(0)).unwrap();
+    c.call(&mut h, REFRESH, &delete);
+    let changes = drained(&mut h);
+    assert_eq!(kinds(&changes), ["D"]);
+    journal.extend(changes);
+    assert!(replay(journal, 0).is_empty());
+    // Expired: a Delete too.
+    let mut c = Client::new(USER, PASS);
+    c.learn_nonce(&mut h, CLIENT);
+    let request = c.build(ALLOCATE, TransactionId::generate(), &udp, true);
+    assert_eq!(h.request(CLIENT, &request).class(), MessageClass::Success);
+    assert_eq!(kinds(&drained(&mut h)), ["P00"]);
+    h.advance(601);
+    assert_eq!(kinds(&drained(&mut h)), ["D"]);
+}
+
+#[test]
+fn an_engine_without_a_journal_keeps_no_changes() {
+    let (mut h, _, _, _) = first_process();
+    assert!(drained(&mut h).is_empty());
+}

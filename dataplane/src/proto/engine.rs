@@ -10,7 +10,7 @@ use super::contract::{
 };
 use super::error::RequestError;
 use super::limits::{QuotaError, SourceBuckets};
-use super::offload::{self, OffloadChange, OffloadChanges, OffloadChannel, OffloadPermission};
+use super::offload::{OffloadChange, OffloadChanges};
 use super::ratelimit::LogLimiter;
 use super::relay::Path;
 use super::store::{AllocationStore, ClientKey};
@@ -18,7 +18,7 @@ use super::wire::{self, ResponseWriter};
 use super::{permission, relay, SWEEP_INTERVAL};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Instant;
 use stun_proto::types::message::{Message, MessageClass, BINDING};
 use turn_types::attribute::Lifetime;
@@ -26,7 +26,8 @@ use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, REFRESH, SE
 use uturn_shared::snapshot::Snapshot;
 use uturn_shared::status::ListenerAllocations;
 
-mod persist; // `Engine::allocation_records` and `Engine::adopt`: allocations across a restart.
+mod offload; // What the kernel offload reads of the allocations, and what changed of them.
+mod persist; // Allocations across a restart: records, changes, adoption.
 
 /// The TURN state machine of one shard.
 ///
@@ -58,6 +59,9 @@ mod persist; // `Engine::allocation_records` and `Engine::adopt`: allocations ac
 ///    [`Engine::poll_offload`] and carry out each [`OffloadChange`] (reading
 ///    [`Engine::offload_channel`], [`Engine::offload_channels`], [`Engine::offload_permission`]
 ///    and [`Engine::offload_deadline`]); when the snapshot changes, [`Engine::recheck_offload`].
+/// 8. With a journal ([`Engine::enable_persist`]): after each request's reply is written and
+///    before it is sent, and once a tick, drain [`Engine::poll_persist`] into the journal. In
+///    a new process, [`Engine::adopt`] each record the journal left before serving.
 pub struct Engine {
     config: EngineConfig,
     auth: Authenticator,
@@ -77,6 +81,8 @@ pub struct Engine {
     offload: OffloadChanges,
     /// Second-chance forwarding is on: misses are [`ClientAction::Miss`].
     forward_misses: bool,
+    /// With a state directory: what changed of allocations, drained by [`Engine::poll_persist`].
+    persist: persist::PersistChanges,
 }
 
 impl Engine {
@@ -98,69 +104,8 @@ impl Engine {
             denial_log: LogLimiter::default(),
             offload: OffloadChanges::default(),
             forward_misses: false,
+            persist: Default::default(),
         }
-    }
-
-    /// Tells the engine that a kernel offload relays channels: from now on it records what
-    /// changed of each allocation ([`Engine::poll_offload`]).
-    pub fn enable_offload(&mut self) {
-        self.offload.enable(&mut self.allocations);
-    }
-
-    /// The next change to an allocation the kernel may relay for (a ChannelBind,
-    /// CreatePermission or Refresh on it, its client's flow moving to or from a sibling), in
-    /// the order they happened. An ended allocation (or relay) is reported by
-    /// [`Engine::poll_close`] instead.
-    pub fn poll_offload(&mut self) -> Option<OffloadChange> {
-        self.offload.poll(&mut self.allocations)
-    }
-
-    /// Reports every allocation with channels through [`Engine::poll_offload`] as
-    /// [`OffloadChange::All`]: the shell calls it when the snapshot changes, which may admit
-    /// or deny peers.
-    pub fn recheck_offload(&mut self) {
-        self.offload.recheck(&self.allocations);
-    }
-
-    /// The channels of the allocation of relay socket `relay` that the kernel may relay at
-    /// `now` under `snap` (none if the allocation ended, or its client comes through a
-    /// sibling pod: what goes to that client must go back through the sibling, which only
-    /// user space does).
-    pub fn offload_channels(
-        &mut self,
-        relay: RelayId,
-        snap: &Snapshot,
-        now: Instant,
-    ) -> Vec<OffloadChannel> {
-        offload::channels(&mut self.allocations, relay, snap, now)
-    }
-
-    /// Channel `number` of the allocation of `relay`, if the kernel may relay it at `now`
-    /// under `snap` (as [`Engine::offload_channels`]).
-    pub fn offload_channel(
-        &mut self,
-        relay: RelayId,
-        number: u16,
-        snap: &Snapshot,
-        now: Instant,
-    ) -> Option<OffloadChannel> {
-        offload::channel(&mut self.allocations, relay, number, snap, now)
-    }
-
-    /// When the allocation of `relay` ends, unless refreshed.
-    pub fn offload_deadline(&self, relay: RelayId) -> Option<Instant> {
-        self.allocations.get(relay.slot()).map(|a| a.expires_at)
-    }
-
-    /// The live permission of the allocation of `relay` for peer `ip` (none if the allocation
-    /// ended, or its client comes through a sibling pod).
-    pub fn offload_permission(
-        &self,
-        relay: RelayId,
-        ip: IpAddr,
-        now: Instant,
-    ) -> Option<OffloadPermission> {
-        OffloadPermission::of(self.allocations.get(relay.slot())?, ip, now)
     }
 
     /// Live allocations on this shard.
@@ -497,6 +442,7 @@ impl Engine {
         for &change in changes {
             self.offload.note(change);
         }
+        self.persist.changed(&self.allocations, slot);
         Ok(lifetime)
     }
 
@@ -607,6 +553,7 @@ impl Engine {
             slot,
             pending.into_allocation(now, families, out[..n].to_vec()),
         );
+        self.persist.changed(&self.allocations, slot);
         self.stats.allocations_created += 1;
         self.next_sweep.get_or_insert(now + SWEEP_INTERVAL);
         Some(n)
@@ -691,6 +638,7 @@ impl Engine {
 
     fn delete_allocation(&mut self, slot: u32) {
         if let Some(alloc) = self.allocations.remove(slot) {
+            self.persist.deleted(&alloc);
             self.stats.allocations_deleted += 1;
             self.config.ledger.release(&alloc.user_id);
         }

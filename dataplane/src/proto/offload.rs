@@ -108,17 +108,10 @@ impl OffloadChanges {
         }
     }
 
-    /// The next change, the allocations of `store` whose client moved between straight and
-    /// forwarded since the last call included (as [`OffloadChange::All`]).
-    pub(super) fn poll(&mut self, store: &mut AllocationStore) -> Option<OffloadChange> {
-        let queue = self.queue.as_mut()?;
-        for slot in store.take_path_changes() {
-            let change = OffloadChange::All(RelayId::new(slot, Family::V4));
-            if !queue.contains(&change) {
-                queue.push_back(change);
-            }
-        }
-        queue.pop_front()
+    /// The next change (the engine adds the allocations whose client moved between straight
+    /// and forwarded first, as [`OffloadChange::All`]).
+    pub(super) fn poll(&mut self) -> Option<OffloadChange> {
+        self.queue.as_mut()?.pop_front()
     }
 
     /// Replaces what waits with every allocation of `store` that has channels, whole.

@@ -1,19 +1,21 @@
-//! The [`Engine`]'s side of [`crate::proto::persist`]: its allocations as records, and a
-//! record re-created as an allocation in a new process, as [`Engine::complete_allocate`] does
-//! for an Allocate.
+//! The [`Engine`]'s side of [`crate::proto::persist`]: its allocations as records, what
+//! changed of them as journal entries ([`Engine::poll_persist`]), and a record re-created as
+//! an allocation in a new process, as [`Engine::complete_allocate`] does for an Allocate.
 
 use super::Engine;
 use crate::proto::contract::{Family, ListenerId, RelayId};
 use crate::proto::limits::QuotaError;
 use crate::proto::offload::OffloadChange;
 use crate::proto::persist::{
-    AdoptError, AllocationRecord, ChannelRecord, MonotonicEpoch, PermissionRecord, RelayPorts,
+    AdoptError, AllocationRecord, ChannelRecord, JournalEntry, MonotonicEpoch, PermissionRecord,
+    RelayPorts,
 };
-use crate::proto::store::{Allocation, Channel, ClientKey, Families, Permission};
+use crate::proto::store::{Allocation, AllocationStore, Channel, ClientKey, Families, Permission};
 use crate::proto::{
     CHANNEL_LIFETIME, CHANNEL_NUMBERS, MAX_REQUESTED_LIFETIME_SECS, PERMISSION_LIFETIME,
     SWEEP_INTERVAL,
 };
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 use stun_proto::types::message::Message;
@@ -22,7 +24,77 @@ use uturn_shared::config::ListenerProtocol;
 use uturn_shared::policy::unmapped_ip;
 use uturn_shared::snapshot::Snapshot;
 
+/// What changed of the allocations since the shell last asked, in order; nothing is kept
+/// until the shell [enables](Engine::enable_persist) it.
+#[derive(Default)]
+pub(super) struct PersistChanges {
+    queue: Option<VecDeque<Change>>,
+}
+
+#[derive(PartialEq)]
+enum Change {
+    /// The allocation of this client, in this slot, was made or changed: its record now.
+    Put(u32, ClientKey),
+    /// The allocation of this client on the listener of this name ended.
+    Delete(String, SocketAddr),
+}
+
+impl PersistChanges {
+    /// The allocation in `slot` of `store` was made or changed (a request succeeded on it,
+    /// its client's path moved).
+    pub(super) fn changed(&mut self, store: &AllocationStore, slot: u32) {
+        let (Some(queue), Some(alloc)) = (self.queue.as_mut(), store.get(slot)) else {
+            return;
+        };
+        let change = Change::Put(slot, alloc.key);
+        if !queue.contains(&change) {
+            queue.push_back(change);
+        }
+    }
+
+    /// `alloc` ended (deleted, expired, its listener closed).
+    pub(super) fn deleted(&mut self, alloc: &Allocation) {
+        if let Some(queue) = self.queue.as_mut() {
+            let key = (alloc.listener_name.clone(), alloc.key.client);
+            queue.retain(|c| !matches!(c, Change::Put(_, k) if *k == alloc.key));
+            queue.push_back(Change::Delete(key.0, key.1));
+        }
+    }
+}
+
 impl Engine {
+    /// Tells the engine that a journal keeps its allocations (a state directory): from now on
+    /// it records what changed of each ([`Engine::poll_persist`]).
+    pub fn enable_persist(&mut self) {
+        self.persist.queue.get_or_insert_with(Default::default);
+        self.allocations.record_path_changes();
+    }
+
+    /// The next change to the allocations, as the journal entry that records it, deadlines
+    /// on `epoch`'s clock: an allocation made or changed (an Allocate, Refresh,
+    /// CreatePermission or ChannelBind that succeeded, its client's flow moving to or from a
+    /// sibling) is a [`JournalEntry::Put`] of its record as it is now, one that ended (deleted,
+    /// expired, its listener closed) a [`JournalEntry::Delete`]. Never per packet: the shell
+    /// drains it after each request, before the answer leaves, and once a tick.
+    pub fn poll_persist(&mut self, epoch: MonotonicEpoch) -> Option<JournalEntry> {
+        self.route_path_changes();
+        let queue = self.persist.queue.as_mut()?;
+        while let Some(change) = queue.pop_front() {
+            match change {
+                Change::Put(slot, key) => {
+                    let alloc = self.allocations.get(slot).filter(|a| a.key == key);
+                    if let Some(alloc) = alloc {
+                        return Some(JournalEntry::Put(record(alloc, epoch)));
+                    }
+                }
+                Change::Delete(listener, client) => {
+                    return Some(JournalEntry::Delete { listener, client })
+                }
+            }
+        }
+        None
+    }
+
     /// Every live allocation as a record, its deadlines on `epoch`'s monotonic clock: what a
     /// new process needs to [adopt](Engine::adopt) them.
     pub fn allocation_records(&self, epoch: MonotonicEpoch) -> Vec<AllocationRecord> {
