@@ -171,6 +171,13 @@ def check_overlay(directory, stunnerd, validate, base_docs):
     check(pod.get("terminationGracePeriodSeconds", 0) >= 3600, f"{label}: terminationGracePeriodSeconds >= 3600")
     args = container.get("args", [])
     check("--force-ready-status" in args, f"{label}: --force-ready-status keeps conntrack pinned during a drain")
+    state_dir = next((a.split("=", 1)[1] for a in args if str(a).startswith("--state-dir=")), None)
+    mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    state_mount = next((m for m in mounts if state_dir and state_dir.startswith(m + "/")), None)
+    state_volume = volumes.get(mounts.get(state_mount), {}).get("emptyDir", {})
+    check(state_volume.get("medium") == "Memory",
+          f"{label}: --state-dir ({state_dir}) is inside an emptyDir in memory, which outlives a container restart")
     env = {e["name"]: e for e in container.get("env", [])}
     check(env.get("STUNNER_ADDR", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP",
           f"{label}: STUNNER_ADDR comes from the pod IP")

@@ -52,6 +52,7 @@ fn bench(backend: IoBackend, quick: bool) {
         stream_limits: Default::default(),
         offload: None,
         siblings: None,
+        state: None,
     })
     .unwrap();
     std::thread::sleep(Duration::from_millis(300));

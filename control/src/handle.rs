@@ -16,6 +16,12 @@ pub trait DataplaneHandle: Send + Sync {
     /// server's `sessions` from them).
     fn listener_allocations(&self) -> Vec<ListenerAllocations>;
 
+    /// Whether the allocations a previous process left (a state directory) have all been
+    /// adopted or dropped: `/ready` waits for it.
+    fn restored(&self) -> bool {
+        true
+    }
+
     /// Checks a new config against what the dataplane can run, given the running one: TLS
     /// material that loads, ports no one else holds. An error rejects the config with that
     /// message, and the running config stays.

@@ -112,7 +112,8 @@ fn stunner_shape(doc: &mut serde_json::Map<String, Value>) {
 
 impl HealthSource for StatusBoard {
     fn ready(&self) -> bool {
-        self.force_ready || self.view.lock().is_ok_and(|v| v.ready && !v.draining)
+        let view = self.view.lock().is_ok_and(|v| v.ready && !v.draining);
+        self.force_ready || (view && self.dataplane.restored())
     }
 
     fn status_json(&self) -> String {

@@ -4,6 +4,7 @@
 
 use super::metrics::{add_count, ShardReport, ShardStats};
 use super::placement::{allowed_cpus, shard_placement};
+use super::state::{monotonic_epoch, StateDir};
 use super::{admission, epoll, groups, shard, sys, uring, IoBackend};
 use crate::proto::sibling::SiblingForwarding;
 use arc_swap::ArcSwap;
@@ -36,6 +37,9 @@ pub struct DataplaneConfig {
     pub offload: Option<Arc<super::offload::Offload>>,
     /// Second-chance forwarding between the gateway's pods, if configured.
     pub siblings: Option<super::SiblingSetup>,
+    /// The state directory (`--state-dir`), if configured: the allocations it holds are
+    /// adopted before [`Dataplane::restored`], and each shard keeps its journal there.
+    pub state: Option<Arc<StateDir>>,
 }
 
 /// A running dataplane: its shards, their published counters and the kernel offload they
@@ -46,6 +50,7 @@ pub struct Dataplane {
     stop: Arc<AtomicBool>,
     stats: Arc<Vec<ShardStats>>,
     offload: Option<Arc<super::offload::Offload>>,
+    state: Option<Arc<StateDir>>,
 }
 
 impl Dataplane {
@@ -66,6 +71,7 @@ impl Dataplane {
         let ledger = Arc::new(crate::proto::AllocationLedger::new());
         let groups = Arc::new(groups::ListenerGroups::new(shards, config.udp_thread_num));
         let admission = Arc::new(admission::StreamAdmission::new(config.stream_limits));
+        let mut states = shard_states(config.state.as_deref(), shards);
         for (index, &cpu) in placement.iter().enumerate() {
             match cpu {
                 Some(cpu) => tracing::info!(target: "stunnerd", "shard {index} on CPU {cpu}"),
@@ -92,6 +98,7 @@ impl Dataplane {
                 admission: admission.clone(),
                 offload: config.offload.clone(),
                 siblings: config.siblings.clone().map(|setup| (setup, shards)),
+                state: states.next().flatten(),
             };
             let name = format!("uturn-shard-{index}");
             let backend = config.backend;
@@ -119,7 +126,16 @@ impl Dataplane {
             stop,
             stats,
             offload: config.offload,
+            state: config.state,
         })
+    }
+
+    /// Whether every allocation the state directory held has been adopted (or dropped):
+    /// `/ready` waits for it. True without a state directory.
+    pub fn restored(&self) -> bool {
+        self.state
+            .as_ref()
+            .is_none_or(|state| state.counts().done())
     }
 
     /// Live allocations over all shards.
@@ -171,6 +187,9 @@ impl Dataplane {
     /// Records the dataplane's metrics into `recorder` for a scrape ([`super::metrics::record`]).
     pub fn record_metrics(&self, recorder: &dyn metrics::Recorder) {
         super::metrics::record(&self.stats, recorder);
+        if let Some(state) = &self.state {
+            state.counts().record(recorder);
+        }
     }
 
     /// Each shard's last published report (a shard whose lock is poisoned is left out).
@@ -187,4 +206,45 @@ impl Dataplane {
             let _ = thread.join();
         }
     }
+}
+
+/// Each shard's part of the state directory, if there is one: the allocations the journals
+/// left, their relay sockets bound again before any shard serves (so that no new allocation
+/// takes their ports), given to the shards that adopt them.
+fn shard_states(
+    state: Option<&StateDir>,
+    shards: usize,
+) -> std::vec::IntoIter<Option<Arc<shard::ShardState>>> {
+    let epoch = monotonic_epoch();
+    let restored = state.map(|dir| dir.restore(shards, epoch));
+    if let (Some(dir), Some(restored)) = (state, &restored) {
+        tracing::info!(
+            target: "stunnerd",
+            "state directory {}: {} allocation(s) to carry on",
+            dir.path().display(),
+            restored.found
+        );
+    }
+    let mut by_shard = restored.map(|r| r.by_shard.into_iter());
+    let states: Vec<_> = (0..shards)
+        .map(|_| {
+            let dir = state?;
+            let restoring = by_shard
+                .as_mut()
+                .and_then(Iterator::next)
+                .unwrap_or_default();
+            if !restoring.is_empty() {
+                dir.counts().restoring();
+            }
+            Some(Arc::new(shard::ShardState {
+                dir: dir.path().to_path_buf(),
+                boot_id: dir.boot_id(),
+                epoch,
+                counts: dir.counts().clone(),
+                shards,
+                restoring: std::sync::Mutex::new(restoring),
+            }))
+        })
+        .collect();
+    states.into_iter()
 }

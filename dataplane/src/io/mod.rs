@@ -20,6 +20,7 @@ pub mod ports;
 pub mod probe;
 mod shard;
 pub mod socket;
+pub mod state;
 mod stream;
 mod sys;
 pub mod tls;

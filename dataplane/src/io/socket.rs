@@ -99,6 +99,20 @@ pub fn relay_socket(family: Family, request: &RelayRequest) -> io::Result<(Socke
     ))
 }
 
+/// A relay socket of `family` on `port` (a restart re-binding the port an allocation's client
+/// and peers know), DF as the allocation asked.
+pub fn relay_socket_at(family: Family, port: u16, dont_fragment: bool) -> io::Result<Socket> {
+    let wildcard = match family {
+        Family::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        Family::V6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    let socket = bind_udp(SocketAddr::new(wildcard, port), false, Some(true))?;
+    if dont_fragment {
+        set_dont_fragment(&socket, family)?;
+    }
+    Ok(socket)
+}
+
 fn bind_udp(addr: SocketAddr, reuse_port: bool, v6_only: Option<bool>) -> io::Result<Socket> {
     let domain = if addr.is_ipv4() {
         Domain::IPV4

@@ -76,6 +76,11 @@ pub(crate) struct Cli {
     /// program cannot run, it relays in user space and logs why.
     #[arg(long = "offload", env = "UTURN_OFFLOAD", value_name = "MODE")]
     pub(crate) offload: Option<OffloadMode>,
+    /// uturn: keep the allocations in this directory (under Kubernetes an emptyDir with
+    /// medium Memory), so that the next process started on it carries the calls of UDP
+    /// clients on after a crash or restart; one process per directory (default: none).
+    #[arg(long = "state-dir", env = "UTURN_STATE_DIR", value_name = "DIR")]
+    pub(crate) state_dir: Option<std::path::PathBuf>,
     /// uturn: how long /ready waits for the first EndpointSlice list of each Service that a
     /// KUBERNETES cluster names; after it, ready anyway with a warning (0: do not wait).
     #[arg(long = "discovery-timeout", value_name = "SECONDS", default_value_t = uturn_control::DEFAULT_DISCOVERY_TIMEOUT.as_secs())]

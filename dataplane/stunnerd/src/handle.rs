@@ -68,6 +68,10 @@ impl DataplaneHandle for Gateway {
         self.dataplane.listener_allocations()
     }
 
+    fn restored(&self) -> bool {
+        self.dataplane.restored()
+    }
+
     fn check(&self, running: &StunnerConfig, new: &StunnerConfig) -> Result<(), String> {
         check_config(running, new, self.shared_ports)
     }

@@ -18,6 +18,7 @@ use uturn_control::state::Siblings;
 use uturn_control::{License, Source};
 use uturn_dataplane::io::check::{check_config, check_tls_material, SharedPorts};
 use uturn_dataplane::io::offload::OffloadMode;
+use uturn_dataplane::io::state::StateDir;
 use uturn_dataplane::io::{admission::StreamLimits, SiblingSetup};
 use uturn_dataplane::io::{select_backend, usable_cpus, Dataplane, DataplaneConfig, IoBackend};
 use uturn_shared::config::{StunnerConfig, Transport};
@@ -335,8 +336,22 @@ pub(crate) fn start_dataplane(
         .and_then(|s| s.parse().ok())
         .filter(|n: &usize| *n > 0)
         .unwrap_or_else(usable_cpus);
-    let mut nonce_key = [0u8; 32];
-    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce_key);
+    // With a state directory, the nonce key is the last process's: a client's nonce stays
+    // valid across a restart, so its next request gets no 438.
+    let state = cli
+        .state_dir
+        .as_deref()
+        .map(StateDir::open)
+        .transpose()
+        .map_err(Refusal::Logged)?;
+    let nonce_key = match &state {
+        Some(state) => state.nonce_key().map_err(Refusal::Logged)?,
+        None => {
+            let mut key = [0u8; 32];
+            rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut key);
+            key
+        }
+    };
     tracing::info!(
         target: "stunnerd",
         "dataplane: {} shard(s) on {}, {} UDP socket(s) per TURN-UDP listener",
@@ -356,6 +371,7 @@ pub(crate) fn start_dataplane(
         udp_thread_num: cli.udp_thread_num,
         snapshot: snapshot.clone(),
         nonce_key,
+        state: state.map(std::sync::Arc::new),
         backend: plan.backend,
         limits: uturn_dataplane::proto::Limits {
             challenge_rate: cli.challenge_rate,

@@ -159,6 +159,7 @@ fn every_flag_in_help_is_accepted_or_refused_as_the_help_says() {
         ("drain-timeout", &["30"]),
         ("io-engine", &["epoll"]),
         ("offload", &["none"]),
+        ("state-dir", &["/tmp/uturn-cli-state"]),
         ("discovery-timeout", &["5"]),
         ("max-allocations", &["1000"]),
         ("max-permissions", &["16"]),

@@ -11,7 +11,9 @@
 //!   (`proto::sibling::Forwarding`);
 //! - [`counters`]: what it counts, published once per tick;
 //! - [`setup`]: what it starts from ([`ShardSetup`]);
-//! - [`snapshots`]: which snapshot packets are served under.
+//! - [`snapshots`]: which snapshot packets are served under;
+//! - [`streams`]: TURN-TCP and TURN-TLS connections, read and written;
+//! - [`state`]: with `--state-dir`, the allocations a previous process left and the journal.
 //!
 //! The shard composes them: it routes a readiness report to the part that owns the socket,
 //! hands each TURN message to the engine at one dispatch point, [`Shard::handle_turn`], which
@@ -32,9 +34,12 @@ mod relays;
 mod setup;
 mod siblings;
 mod snapshots;
+mod state;
+mod streams;
 
 pub(super) use setup::ShardSetup;
 pub use siblings::{SiblingCounts, SiblingSetup};
+pub(super) use state::ShardState;
 
 use super::driver::{Driver, Readiness, Token, TICK};
 use super::metrics::ShardStats;
@@ -97,6 +102,8 @@ pub(super) struct Shard<D: Driver> {
     resource_log: LogLimiter,
     /// Second-chance forwarding, if configured.
     siblings: Option<Siblings<D::Watch>>,
+    /// The state directory's adoptions and journal, if configured.
+    state: Option<state::State>,
 }
 
 impl<D: Driver> Shard<D> {
@@ -109,6 +116,8 @@ impl<D: Driver> Shard<D> {
         }
         let siblings = setup.siblings.as_ref();
         let siblings = Siblings::start(siblings, setup.index, &driver, &mut engine, now);
+        let state = setup.state.as_ref();
+        let state = state.map(|state| state::State::new(setup.index, state, &mut engine));
         Shard {
             index: setup.index,
             engine,
@@ -124,6 +133,7 @@ impl<D: Driver> Shard<D> {
             next_sweep: now + SWEEP,
             resource_log: Default::default(),
             siblings,
+            state,
         }
     }
 
@@ -139,6 +149,11 @@ impl<D: Driver> Shard<D> {
         if let Some(snap) = self.snapshots.pending_reconcile() {
             let complete = self.reconcile_listeners(&snap, setup);
             self.snapshots.reconciled(snap, complete);
+        }
+        if let Some(state) = self.state.as_mut() {
+            let (snap, driver) = (self.snapshots.serving(), &self.driver);
+            let (engine, relays) = (&mut self.engine, &mut self.relays);
+            state.tick(engine, relays, &self.listeners, snap, driver, now);
         }
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.engine.handle_timeout(now);
@@ -259,99 +274,6 @@ impl<D: Driver> Shard<D> {
         }
         while let Some(slot) = self.conns.pop_dirty() {
             self.flush_conn(slot);
-        }
-    }
-
-    /// Writes what connection `slot` has queued; closes it if that fails.
-    fn flush_conn(&mut self, slot: u32) {
-        if let Err(why) = self.conns.flush(slot, &self.driver) {
-            self.close_conn(slot, Some(why));
-        }
-    }
-
-    /// Accepts what waits on stream listener `id`'s socket `n`.
-    fn accept_ready(&mut self, id: ListenerId, n: usize) -> Readiness {
-        let Some(listener) = self.listeners.get(id) else {
-            return Readiness::Drained;
-        };
-        let (driver, counters, log) = (&self.driver, &mut self.counters, &mut self.resource_log);
-        let accepted = self
-            .conns
-            .accept(listener, n, driver, counters, log, self.index);
-        for slot in accepted.replaced {
-            self.close_conn(slot, None);
-        }
-        accepted.readiness
-    }
-
-    /// Connection `slot` is readable (or writable): writes what is queued, then reads and
-    /// handles every complete frame.
-    fn conn_ready(&mut self, slot: u32, generation: u16) -> Readiness {
-        if !self.conns.is_current(slot, generation) {
-            return Readiness::Closed;
-        }
-        if self.conns.pending(slot) > 0 {
-            self.flush_conn(slot);
-        }
-        let Some(mut scratch) = self.scratch.take() else {
-            return Readiness::Drained;
-        };
-        let outcome = self.conn_read(slot, &mut scratch);
-        self.scratch = Some(scratch);
-        self.datagrams.flush_to_peers(&mut self.counters);
-        self.relays.close_released(&mut self.engine);
-        match outcome {
-            Ok(()) => Readiness::Drained,
-            Err(why) => {
-                self.close_conn(slot, Some(why));
-                Readiness::Closed
-            }
-        }
-    }
-
-    /// Reads connection `slot` and hands every complete frame to the engine, queueing the
-    /// replies on the connection.
-    fn conn_read(&mut self, slot: u32, scratch: &mut [u8]) -> Result<(), Closed> {
-        let now = Instant::now();
-        let Some(mut read) = self.conns.read(slot, scratch, now) else {
-            return Err(Closed::Error);
-        };
-        loop {
-            let range = match read.rx.next_frame() {
-                Ok(Some(range)) => range,
-                Ok(None) => break,
-                Err(why) => {
-                    self.counters.unparsed += 1;
-                    read.outcome = Err(why);
-                    break;
-                }
-            };
-            let frame = &read.rx.bytes()[range];
-            self.counters.listener_rx_packets += 1;
-            self.counters.listeners.traffic[read.metric].rx(frame.len());
-            if let Some(n) = self.handle_turn(
-                now,
-                read.listener,
-                read.client,
-                frame,
-                ArrivalKind::Straight,
-            ) {
-                if self.conns.queue(slot, &self.out[..n]) {
-                    self.counters.listeners.traffic[read.metric].tx(n);
-                } else {
-                    self.counters.send_failed += 1;
-                }
-            }
-        }
-        self.conns.finish_read(slot, read.rx, &self.engine);
-        read.outcome
-    }
-
-    /// Closes connection `slot` and frees its allocation (`why`: logged when given).
-    fn close_conn(&mut self, slot: u32, why: Option<Closed>) {
-        if let Some((listener, client)) = self.conns.close(slot, why) {
-            self.engine.close_client(listener, client);
-            self.relays.close_released(&mut self.engine);
         }
     }
 
@@ -528,7 +450,13 @@ impl<D: Driver> Shard<D> {
         };
         match self.engine.handle_client(arrival, data, &mut self.out) {
             ClientAction::Drop(_) => None,
-            ClientAction::Reply(n) => Some(n),
+            ClientAction::Reply(n) => {
+                // Recorded before the answer leaves: a restart after it keeps what it says.
+                if let Some(state) = self.state.as_mut() {
+                    state.record(&mut self.engine, now);
+                }
+                Some(n)
+            }
             ClientAction::Relay {
                 relay,
                 peer,
@@ -551,6 +479,9 @@ impl<D: Driver> Shard<D> {
                     .complete_allocate(now, request.relay, bound, &mut self.out);
                 if reply.is_some() {
                     relays::log_allocation(&request, &bound, client, listener, self.index);
+                }
+                if let Some(state) = self.state.as_mut() {
+                    state.record(&mut self.engine, now);
                 }
                 reply
             }

@@ -87,12 +87,30 @@ impl<W> Relays<W> {
     ) -> io::Result<u16> {
         let (socket, port) = relay_socket(relay.family(), request)?;
         let watched = driver.watch(socket, Token::Relay(relay), Interest::Datagrams)?;
+        self.insert(relay, Relay { watched, port });
+        Ok(port)
+    }
+
+    /// Watches `socket`, bound on `port` by a restart for an allocation the engine adopted, as
+    /// relay socket `relay`.
+    pub(super) fn adopt<D: Driver<Watch = W>>(
+        &mut self,
+        relay: RelayId,
+        socket: socket2::Socket,
+        port: u16,
+        driver: &D,
+    ) -> io::Result<()> {
+        let watched = driver.watch(socket, Token::Relay(relay), Interest::Datagrams)?;
+        self.insert(relay, Relay { watched, port });
+        Ok(())
+    }
+
+    fn insert(&mut self, relay: RelayId, socket: Relay<W>) {
         let index = relay.0 as usize;
         if self.sockets.len() <= index {
             self.sockets.resize_with(index + 1, || None);
         }
-        self.sockets[index] = Some(Relay { watched, port });
-        Ok(port)
+        self.sockets[index] = Some(socket);
     }
 
     /// The fd of `relay`'s socket, if it is open.

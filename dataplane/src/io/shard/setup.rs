@@ -34,4 +34,6 @@ pub(in crate::io) struct ShardSetup {
     /// Second-chance forwarding between the gateway's pods, if configured, and how many
     /// shards this pod runs (each has a sibling socket).
     pub siblings: Option<(SiblingSetup, usize)>,
+    /// The state directory's part for this shard, if `--state-dir` is set.
+    pub state: Option<Arc<super::ShardState>>,
 }

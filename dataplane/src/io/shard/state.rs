@@ -1,0 +1,193 @@
+//! The shard's part of the state directory ([`crate::io::state`]): the allocations a previous
+//! process left it, adopted once their listeners run, and its journal, started afresh once
+//! they are and written after every request that changed an allocation.
+
+use super::listeners::Listeners;
+use super::relays::Relays;
+use crate::io::driver::Driver;
+use crate::io::state::journal::{self, Journal};
+use crate::io::state::{outcome, Restoring, StateCounts};
+use crate::proto::persist::{AdoptError, MonotonicEpoch, RelayPorts};
+use crate::proto::Engine;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use uturn_shared::config::ListenerProtocol;
+use uturn_shared::snapshot::Snapshot;
+
+/// How long an allocation waits for its listener to open on this shard, once a config with
+/// listeners runs, before it is dropped as gone.
+const LISTENER_WAIT: Duration = Duration::from_secs(10);
+
+/// What a shard starts from in the state directory.
+pub(in crate::io) struct ShardState {
+    /// The directory.
+    pub dir: PathBuf,
+    /// The boot its journal's deadlines belong to.
+    pub boot_id: [u8; 16],
+    /// This process's reading of the monotonic clock.
+    pub epoch: MonotonicEpoch,
+    /// Shared counters.
+    pub counts: Arc<StateCounts>,
+    /// How many shards this process runs (journals of shards beyond are adopted modulo it).
+    pub shards: usize,
+    /// The allocations this shard adopts, taken when it starts.
+    pub restoring: Mutex<Vec<Restoring>>,
+}
+
+/// The shard's adoptions still to do and its journal.
+pub(super) struct State {
+    index: usize,
+    setup: Arc<ShardState>,
+    pending: Vec<Restoring>,
+    /// When the first config with listeners ran (adoption waits for its listeners from then).
+    since: Option<Instant>,
+    /// Adoption is over and the journal was started (or could not be: counted and logged).
+    started: bool,
+    journal: Option<Journal>,
+}
+
+impl State {
+    /// Shard `index`'s part, from `setup`; the engine records its changes from now on.
+    pub(super) fn new(index: usize, setup: &Arc<ShardState>, engine: &mut Engine) -> State {
+        engine.enable_persist();
+        let pending = setup
+            .restoring
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default();
+        State {
+            index,
+            setup: setup.clone(),
+            pending,
+            since: None,
+            started: false,
+            journal: None,
+        }
+    }
+
+    /// After each request that changed an allocation, before its answer leaves.
+    pub(super) fn record(&mut self, engine: &mut Engine, now: Instant) {
+        if let Some(journal) = self.journal.as_mut() {
+            journal.record(engine, now);
+        }
+    }
+
+    /// Once a tick, after the listeners are reconciled: adopts what waits (once the config
+    /// has listeners), starts the journal once nothing does, writes what changed since.
+    pub(super) fn tick<D: Driver>(
+        &mut self,
+        engine: &mut Engine,
+        relays: &mut Relays<D::Watch>,
+        listeners: &Listeners<D::Watch>,
+        snap: &Snapshot,
+        driver: &D,
+        now: Instant,
+    ) {
+        if !self.started {
+            if !self.pending.is_empty() {
+                if snap.listeners.is_empty() {
+                    // The zero config a watching process starts from: the real one comes.
+                    return;
+                }
+                self.since.get_or_insert(now);
+                self.adopt(engine, relays, listeners, snap, driver, now);
+                if !self.pending.is_empty() {
+                    return;
+                }
+                self.setup.counts.restored_all();
+            }
+            self.started = true;
+            self.start(engine);
+        }
+        self.record(engine, now);
+    }
+
+    /// Adopts each waiting allocation whose listener runs on this shard; drops those whose
+    /// listener is gone (or has not opened here within [`LISTENER_WAIT`]).
+    fn adopt<D: Driver>(
+        &mut self,
+        engine: &mut Engine,
+        relays: &mut Relays<D::Watch>,
+        listeners: &Listeners<D::Watch>,
+        snap: &Snapshot,
+        driver: &D,
+        now: Instant,
+    ) {
+        let since = self.since.unwrap_or(now);
+        let counts = &self.setup.counts;
+        let epoch = self.setup.epoch;
+        for restoring in std::mem::take(&mut self.pending) {
+            let record = &restoring.record;
+            let spec = snap.listeners.iter().find(|l| l.name == record.listener);
+            let id = listeners.udp_id_of(&record.listener);
+            let id = match (spec.map(|s| s.protocol), id) {
+                (Some(ListenerProtocol::TurnUdp), Some(id)) => id,
+                (Some(ListenerProtocol::TurnUdp), None) if now < since + LISTENER_WAIT => {
+                    self.pending.push(restoring);
+                    continue;
+                }
+                (None, _) | (Some(ListenerProtocol::TurnUdp), None) => {
+                    counts.restored(outcome(Err(AdoptError::ListenerGone)));
+                    continue;
+                }
+                // RFC 8656 §3.1: its connection or DTLS session ended with the last process.
+                (Some(_), _) => {
+                    counts.restored(outcome(Err(AdoptError::ConnectionEnded)));
+                    continue;
+                }
+            };
+            let bound = restoring
+                .sockets
+                .iter()
+                .fold(RelayPorts::default(), |ports, &(family, _, port)| {
+                    ports.with(family, port)
+                });
+            let record = restoring.record;
+            match engine.adopt(record, id, bound, snap, now, epoch) {
+                Ok(ids) => {
+                    for (family, socket, port) in restoring.sockets {
+                        if let Some(&relay) = ids.iter().find(|r| r.family() == family) {
+                            if let Err(e) = relays.adopt(relay, socket, port, driver) {
+                                tracing::warn!(target: "stunnerd", "restored relay socket on port {port} not watched: {e}");
+                            }
+                        }
+                    }
+                    counts.restored(outcome(Ok(())));
+                }
+                Err(error) => counts.restored(outcome(Err(error))),
+            }
+        }
+    }
+
+    /// Starts the journal afresh from what the engine holds, and removes the journals of
+    /// shards beyond this process's count that this shard adopted from.
+    fn start(&mut self, engine: &mut Engine) {
+        let setup = &self.setup;
+        let started = Journal::start(
+            &setup.dir,
+            self.index,
+            setup.boot_id,
+            setup.epoch,
+            setup.counts.clone(),
+            engine,
+        );
+        match started {
+            Ok(journal) => self.journal = Some(journal),
+            Err(e) => {
+                setup.counts.write_error();
+                tracing::warn!(
+                    target: "stunnerd",
+                    "shard {}: cannot start its journal in {}: {e} (its allocations would not survive a restart)",
+                    self.index,
+                    setup.dir.display()
+                );
+            }
+        }
+        for (index, path) in journal::files(&setup.dir) {
+            if index >= setup.shards && index % setup.shards == self.index {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}

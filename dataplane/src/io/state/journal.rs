@@ -1,0 +1,142 @@
+//! One shard's journal in the state directory, `shard-<index>.journal`: started afresh from
+//! the allocations the shard holds once it has adopted what it was given, then appended to
+//! after every request that changed an allocation, before its answer leaves (one `write` of
+//! what the engine reports, [`Journal::record`]), and rewritten whole when it has grown to
+//! several times what it holds. A tmpfs (`emptyDir`, `medium: Memory`) keeps it across a
+//! crash of the process; no `fsync`: a reboot ends the calls anyway.
+
+use super::{private_file, StateCounts};
+use crate::proto::persist::{encode_entry, encode_header, JournalEntry, JournalHeader};
+use crate::proto::persist::{AllocationRecord, MonotonicEpoch};
+use crate::proto::ratelimit::LogLimiter;
+use crate::proto::Engine;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A journal is rewritten once it is this many times longer than when last written whole...
+const GROWTH: u64 = 4;
+/// ... and at least this long.
+const REWRITE_AT: u64 = 256 << 10;
+
+/// The journal files in `dir`, with the shard index each names, in index order.
+pub(crate) fn files(dir: &Path) -> Vec<(usize, PathBuf)> {
+    let mut files: Vec<(usize, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let index = name.strip_prefix("shard-")?.strip_suffix(".journal")?;
+            Some((index.parse().ok()?, entry.path()))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// The path of shard `index`'s journal in `dir`.
+pub(crate) fn path(dir: &Path, index: usize) -> PathBuf {
+    dir.join(format!("shard-{index}.journal"))
+}
+
+/// One shard's journal, open for appending.
+pub(crate) struct Journal {
+    path: PathBuf,
+    file: File,
+    header: JournalHeader,
+    epoch: MonotonicEpoch,
+    /// Bytes written since it was last written whole, and its length then.
+    len: u64,
+    whole: u64,
+    buf: Vec<u8>,
+    counts: Arc<StateCounts>,
+    log: LogLimiter,
+}
+
+impl Journal {
+    /// Starts shard `index`'s journal in `dir` afresh from what `engine` holds (written to a
+    /// new file that then replaces the old one whole, so a crash meanwhile leaves one or the
+    /// other); what the engine reported changed before is in it already.
+    pub(crate) fn start(
+        dir: &Path,
+        index: usize,
+        boot_id: [u8; 16],
+        epoch: MonotonicEpoch,
+        counts: Arc<StateCounts>,
+        engine: &mut Engine,
+    ) -> io::Result<Journal> {
+        while engine.poll_persist(epoch).is_some() {}
+        let mut journal = Journal {
+            path: path(dir, index),
+            file: File::open("/dev/null")?,
+            header: JournalHeader { boot_id },
+            epoch,
+            len: 0,
+            whole: 0,
+            buf: Vec::new(),
+            counts,
+            log: LogLimiter::default(),
+        };
+        journal.rewrite(&engine.allocation_records(epoch))?;
+        Ok(journal)
+    }
+
+    /// Writes what `engine` reports changed since the last call, in one write; rewrites the
+    /// journal whole when it has grown too long. A failed write is counted and logged
+    /// (rate-limited): the calls go on, and only a restart would lose them.
+    pub(crate) fn record(&mut self, engine: &mut Engine, now: Instant) {
+        self.buf.clear();
+        while let Some(entry) = engine.poll_persist(self.epoch) {
+            if encode_entry(&entry, &mut self.buf).is_err() {
+                self.failed(now, &io::Error::other("an allocation too large to record"));
+            }
+        }
+        if self.buf.is_empty() {
+            return;
+        }
+        let written = self.file.write_all(&self.buf);
+        if let Err(e) = written {
+            self.failed(now, &e);
+            return;
+        }
+        self.len += self.buf.len() as u64;
+        if self.len > REWRITE_AT && self.len > GROWTH * self.whole {
+            let records = engine.allocation_records(self.epoch);
+            if let Err(e) = self.rewrite(&records) {
+                self.failed(now, &e);
+            }
+        }
+    }
+
+    /// Replaces the file with one holding `records` alone.
+    fn rewrite(&mut self, records: &[AllocationRecord]) -> io::Result<()> {
+        let mut bytes = Vec::new();
+        encode_header(&self.header, &mut bytes);
+        for record in records {
+            // An entry too large is left out (counted by the caller's next failure).
+            let _ = encode_entry(&JournalEntry::Put(record.clone()), &mut bytes);
+        }
+        let fresh = self.path.with_extension("journal.new");
+        let mut file = private_file(&fresh, true)?;
+        file.write_all(&bytes)?;
+        std::fs::rename(&fresh, &self.path)?;
+        self.file = file;
+        self.len = bytes.len() as u64;
+        self.whole = self.len;
+        Ok(())
+    }
+
+    fn failed(&mut self, now: Instant, e: &io::Error) {
+        self.counts.write_error();
+        if let Some(suppressed) = self.log.allow(now) {
+            tracing::warn!(
+                target: "stunnerd",
+                "cannot write the journal {}: {e} (its allocations would not survive a restart){suppressed}",
+                self.path.display()
+            );
+        }
+    }
+}
