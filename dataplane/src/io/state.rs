@@ -172,12 +172,11 @@ impl StateDir {
         let lock = private_file(&path.join(LOCK), false).map_err(|e| named("lock file", e))?;
         // SAFETY: flock on a descriptor this function owns.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let holder = std::fs::read_to_string(path.join(LOCK)).unwrap_or_default();
             return Err(format!(
                 "state directory {} is in use by another stunnerd (pid {}): each process needs \
                  a state directory of its own",
                 path.display(),
-                holder.trim()
+                holder(&path.join(LOCK))
             ));
         }
         let mut owner = &lock;
@@ -278,6 +277,19 @@ impl StateDir {
             None => Vec::new(),
         }
     }
+}
+
+/// The pid the lock file names. A holder that has just taken the lock may not have written it
+/// yet (two processes started at once): it is waited for, up to 200 ms.
+fn holder(lock: &Path) -> String {
+    for _ in 0..40 {
+        let pid = std::fs::read_to_string(lock).unwrap_or_default();
+        if !pid.trim().is_empty() {
+            return pid.trim().to_string();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    "unknown".into()
 }
 
 /// What [`StateDir::restore`] found.

@@ -343,6 +343,42 @@ fn a_second_process_on_a_held_state_directory_is_refused() {
     let _ = std::fs::remove_dir_all(state.parent().unwrap());
 }
 
+#[test]
+fn two_processes_started_at_once_on_one_state_directory_one_wins_the_other_says_why() {
+    let state = fresh_state();
+    let (a, b) = (
+        Gateway::new(&state, "127.0.0.1"),
+        Gateway::new(&state, "127.0.0.1"),
+    );
+    let mut servers = [
+        Stunnerd::start(&a.args(), &[]),
+        Stunnerd::start(&b.args(), &[]),
+    ];
+    // Exactly one of them exits 1, saying who holds the directory; the other serves.
+    let mut refused = None;
+    assert!(wait_until(10, || {
+        refused = servers
+            .iter_mut()
+            .position(|s| s.wait_exit_for(0.05).is_some());
+        refused.is_some()
+    }));
+    let refused = refused.unwrap();
+    let winner = &servers[1 - refused];
+    let logs = servers[refused].logs();
+    assert!(
+        logs.contains("state directory")
+            && logs.contains("in use by")
+            && logs.contains(&winner.pid().to_string()),
+        "{logs}"
+    );
+    let health = [a.health, b.health][1 - refused];
+    assert!(wait_until(15, || http_get(health, "/ready")
+        .is_some_and(|(c, _)| c == 200)));
+    assert_eq!(lock_pid(&state), winner.pid().to_string());
+    drop(servers);
+    let _ = std::fs::remove_dir_all(state.parent().unwrap());
+}
+
 /// Makes a call, kills the server, applies `damage` to the journal that holds the call (with
 /// the byte ranges of its entries' bodies) and starts the server again: the call goes on.
 /// The entries skipped: (corrupt, torn).
