@@ -12,6 +12,7 @@ use std::ops::Range;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use uturn_perf::client::BenchClient;
 use uturn_testkit::peers::Peer;
 use uturn_testkit::stunnerd::{
     free_port, http_get, metric, run_binary, status, stunnerd_binary, temp_dir, temp_file,
@@ -501,6 +502,28 @@ fn a_restart_under_a_config_that_no_longer_admits_the_peer_keeps_the_allocation_
         responses.iter().any(|r| r.method == REFRESH && r.success),
         "{responses:?}"
     );
+    drop(second);
+    let _ = std::fs::remove_dir_all(state.parent().unwrap());
+}
+
+#[test]
+fn the_journal_stays_bounded_however_many_requests_and_reads_back_whole() {
+    let state = fresh_state();
+    let gw = Gateway::new(&state, "127.0.0.1");
+    let mut first = gw.start_ready();
+    let mut client = BenchClient::allocate(gw.turn_addr(), "alice", PASSWORD).unwrap();
+    // 4000 Refreshes: a Put of ~190 bytes each, 760 kB if the journal were never rewritten.
+    for _ in 0..4000 {
+        client.refresh(600).unwrap();
+    }
+    let journal = holding_journal(&state);
+    let len = std::fs::metadata(&journal).unwrap().len();
+    assert!(len < 300 << 10, "{} is {len} bytes", journal.display());
+    kill(&mut first);
+    let second = gw.start_ready();
+    assert_eq!(gw.metric(ADOPTED), 1.0, "{}", second.logs());
+    assert_eq!(gw.skipped("corrupt") + gw.skipped("torn"), 0.0);
+    client.refresh(600).unwrap();
     drop(second);
     let _ = std::fs::remove_dir_all(state.parent().unwrap());
 }
