@@ -251,6 +251,14 @@ impl BenchClient {
         Ok(())
     }
 
+    /// Refreshes the allocation for `lifetime` seconds, with the nonce it has.
+    pub fn refresh(&mut self, lifetime: u32) -> io::Result<()> {
+        let attrs = move |m: &mut MessageWriteVec, _: TransactionId| {
+            m.add_attribute(&Lifetime::new(lifetime)).unwrap();
+        };
+        self.succeed(REFRESH, &attrs, "refresh")
+    }
+
     /// Deletes the allocation (a Refresh with LIFETIME 0).
     pub fn delete(&mut self) -> io::Result<()> {
         let attrs = |m: &mut MessageWriteVec, _: TransactionId| {

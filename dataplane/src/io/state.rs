@@ -136,7 +136,7 @@ pub(crate) struct Restoring {
     /// The allocation as recorded.
     pub record: AllocationRecord,
     /// Its relay sockets bound again on their recorded ports (a family whose port could not
-    /// be had is missing).
+    /// be had yet is missing: the shard tries again, see [`bind_relays`]).
     pub sockets: Vec<(Family, Socket, u16)>,
 }
 
@@ -235,11 +235,7 @@ impl StateDir {
             };
             for record in self.records(&path, &bytes, now_ns) {
                 restored.found += 1;
-                let sockets = bind_relays(&record);
-                if sockets.is_empty() {
-                    self.counts.restored(outcome(Err(AdoptError::NoRelay)));
-                    continue;
-                }
+                let sockets = bind_relays(&record, &[]);
                 restored.by_shard[index % shards].push(Restoring { record, sockets });
             }
         }
@@ -300,10 +296,16 @@ pub struct RestoredState {
     pub found: usize,
 }
 
-/// `record`'s relay sockets, bound again on their ports.
-fn bind_relays(record: &AllocationRecord) -> Vec<(Family, Socket, u16)> {
+/// `record`'s relay sockets, bound again on their ports, but for the families of `bound`.
+/// One that cannot be had now is tried again when a shard adopts the record: a socket the
+/// process opened meanwhile for a moment (a port check, a route lookup) may have held its port.
+pub(crate) fn bind_relays(
+    record: &AllocationRecord,
+    bound: &[(Family, Socket, u16)],
+) -> Vec<(Family, Socket, u16)> {
     Family::ALL
         .into_iter()
+        .filter(|family| bound.iter().all(|(f, _, _)| f != family))
         .filter_map(|family| {
             let port = record.relays.get(family)?;
             let socket = relay_socket_at(family, port, record.dont_fragment).ok()?;

@@ -6,7 +6,7 @@ use super::listeners::Listeners;
 use super::relays::Relays;
 use crate::io::driver::Driver;
 use crate::io::state::journal::{self, Journal};
-use crate::io::state::{outcome, Restoring, StateCounts};
+use crate::io::state::{bind_relays, outcome, Restoring, StateCounts};
 use crate::proto::persist::{AdoptError, MonotonicEpoch, RelayPorts};
 use crate::proto::Engine;
 use std::path::PathBuf;
@@ -137,8 +137,10 @@ impl State {
                     continue;
                 }
             };
-            let bound = restoring
-                .sockets
+            let mut sockets = restoring.sockets;
+            let retried = bind_relays(&restoring.record, &sockets);
+            sockets.extend(retried);
+            let bound = sockets
                 .iter()
                 .fold(RelayPorts::default(), |ports, &(family, _, port)| {
                     ports.with(family, port)
@@ -146,7 +148,7 @@ impl State {
             let record = restoring.record;
             match engine.adopt(record, id, bound, snap, now, epoch) {
                 Ok(ids) => {
-                    for (family, socket, port) in restoring.sockets {
+                    for (family, socket, port) in sockets {
                         if let Some(&relay) = ids.iter().find(|r| r.family() == family) {
                             if let Err(e) = relays.adopt(relay, socket, port, driver) {
                                 tracing::warn!(target: "stunnerd", "restored relay socket on port {port} not watched: {e}");
