@@ -70,12 +70,14 @@ pub fn redacted(config: &StunnerConfig) -> Value {
 /// The running config's document in the shape of STUNner's `StunnerStatus` (what
 /// `stunnerctl status` decodes, `{.admin.quota}` and all): the admin section as STUNner's
 /// `AdminStatus` (`quota`, `offload` as `ENGINE[interfaces]`, `licensing_info`; the config's
-/// `user_quota`, `offload_engine`, `offload_interfaces` and `license_config` are not shown),
+/// `user_quota`, `offload_engine`, `offload_interfaces`, `license_config` and uturn's
+/// `state_dir` are not shown),
 /// listeners and clusters sorted by name, each with STUNner's `stats` (its offload engine's
 /// counters, which its open-source build leaves at zero, as uturn does: uturn's offloaded
 /// traffic is in the metrics, `uturn_offloaded_packets_total`).
 fn stunner_shape(doc: &mut serde_json::Map<String, Value>) {
     if let Some(admin) = doc.get_mut("admin").and_then(Value::as_object_mut) {
+        admin.remove("state_dir");
         let quota = admin
             .remove("user_quota")
             .and_then(|q| q.as_i64())

@@ -130,6 +130,11 @@ impl Dataplane {
         })
     }
 
+    /// The state directory this process keeps its allocations in, if any.
+    pub fn state_dir(&self) -> Option<&std::path::Path> {
+        self.state.as_deref().map(StateDir::path)
+    }
+
     /// Whether every allocation the state directory held has been adopted (or dropped):
     /// `/ready` waits for it. True without a state directory.
     pub fn restored(&self) -> bool {

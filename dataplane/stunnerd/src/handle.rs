@@ -26,6 +26,8 @@ pub(crate) struct Gateway {
     certificates: CertificateExpiry,
     shared_ports: SharedPorts,
     loglevel: FollowedLevel,
+    /// The last `admin.state_dir` said to wait for the next start (said once per value).
+    state_dir_said: std::sync::Mutex<String>,
 }
 
 impl Gateway {
@@ -45,12 +47,34 @@ impl Gateway {
             certificates: CertificateExpiry::new(),
             shared_ports,
             loglevel,
+            state_dir_said: Default::default(),
         }
     }
 
     /// The shards.
     pub(crate) fn dataplane(&self) -> &Dataplane {
         &self.dataplane
+    }
+
+    /// A config naming a state directory other than the one in use: said once per value, since
+    /// the directory is chosen when the process starts.
+    fn state_dir_applied(&self, named: &str) {
+        let in_use = self.dataplane.state_dir();
+        if named.is_empty() || in_use == Some(std::path::Path::new(named)) {
+            return;
+        }
+        let Ok(mut said) = self.state_dir_said.lock() else {
+            return;
+        };
+        if *said != named {
+            *said = named.to_owned();
+            let in_use = in_use.map_or("none".into(), |dir| dir.display().to_string());
+            tracing::warn!(
+                target: "stunnerd",
+                "admin.state_dir {named:?} is read when stunnerd starts (or --state-dir overrides \
+                 it): this process keeps its allocations in {in_use} until it restarts"
+            );
+        }
     }
 
     /// What is due once a second: the certificates' expiry is checked against the clock.
@@ -80,6 +104,7 @@ impl DataplaneHandle for Gateway {
         self.certificates.observe(config, unix_now());
         self.loglevel.apply(&config.admin.loglevel);
         self.offload.config_applied(config);
+        self.state_dir_applied(&config.admin.state_dir);
     }
 
     fn record_metrics(&self, recorder: &dyn metrics::Recorder) {

@@ -338,8 +338,12 @@ pub(crate) fn start_dataplane(
         .unwrap_or_else(usable_cpus);
     // With a state directory, the nonce key is the last process's: a client's nonce stays
     // valid across a restart, so its next request gets no 438.
+    // The flag, else the config's `admin.state_dir` (read at start only).
+    let from_config = Some(&config.admin.state_dir).filter(|dir| !dir.is_empty());
     let state = cli
         .state_dir
+        .clone()
+        .or_else(|| from_config.map(std::path::PathBuf::from))
         .as_deref()
         .map(StateDir::open)
         .transpose()

@@ -33,6 +33,8 @@ struct Gateway {
     config: PathBuf,
     origin: String,
     state: PathBuf,
+    /// The state directory is the config's `admin.state_dir`, not `--state-dir`.
+    in_config: bool,
 }
 
 impl Gateway {
@@ -45,17 +47,29 @@ impl Gateway {
             origin: format!("file://{}", config.display()),
             config,
             state: state.to_path_buf(),
+            in_config: false,
         };
         gateway.admit(peer_endpoint);
         gateway
     }
 
+    /// The same gateway with its state directory named by its config's `admin.state_dir`.
+    fn named_in_config(mut self, peer_endpoint: &str) -> Gateway {
+        self.in_config = true;
+        self.admit(peer_endpoint);
+        self
+    }
+
     /// Rewrites the config so that its one cluster admits peers at `endpoint` alone.
     fn admit(&self, endpoint: &str) {
         let (turn, health, metrics) = (self.turn, self.health, self.metrics);
+        let state = match self.in_config {
+            true => format!(", state_dir: \"{}\"", self.state.display()),
+            false => String::new(),
+        };
         let config = format!(
             "version: v1\nadmin: {{name: media/gw, healthcheck_endpoint: \"http://127.0.0.1:{health}\", \
-             metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"}}\n\
+             metrics_endpoint: \"http://127.0.0.1:{metrics}/metrics\"{state}}}\n\
              auth: {{type: static, realm: restart, credentials: {{username: alice, password: {PASSWORD}}}}}\n\
              listeners: [{{name: media/gw/udp, address: 127.0.0.1, port: {turn}, routes: [media/peers]}}]\n\
              clusters: [{{name: media/peers, endpoints: [{endpoint}]}}]\n"
@@ -65,7 +79,10 @@ impl Gateway {
 
     fn args(&self) -> Vec<&str> {
         let state = self.state.to_str().unwrap();
-        vec!["-c", self.origin.as_str(), "--state-dir", state]
+        match self.in_config {
+            true => vec!["-c", self.origin.as_str()],
+            false => vec!["-c", self.origin.as_str(), "--state-dir", state],
+        }
     }
 
     /// Starts stunnerd on this config and state directory and waits for `/ready` to say 200.
@@ -524,6 +541,25 @@ fn the_journal_stays_bounded_however_many_requests_and_reads_back_whole() {
     assert_eq!(gw.metric(ADOPTED), 1.0, "{}", second.logs());
     assert_eq!(gw.skipped("corrupt") + gw.skipped("torn"), 0.0);
     client.refresh(600).unwrap();
+    drop(second);
+    let _ = std::fs::remove_dir_all(state.parent().unwrap());
+}
+
+#[test]
+fn a_state_directory_named_by_the_config_keeps_the_call_as_the_flag_does() {
+    let state = fresh_state();
+    let gw = Gateway::new(&state, "127.0.0.1").named_in_config("127.0.0.1");
+    let peer = Peer::start();
+    let mut first = gw.start_ready();
+    let (mut d, _relay) = call(&gw, &peer);
+    assert_eq!(lock_pid(&state), first.pid().to_string());
+    kill(&mut first);
+    let second = gw.start_ready();
+    assert_eq!(gw.metric(ADOPTED), 1.0, "{}", second.logs());
+    assert!(echoes(&mut d, peer.addr, "after the restart", 3));
+    // stunnerd's /status shows no field of uturn's.
+    let shown = status(gw.health).unwrap().to_string();
+    assert!(!shown.contains("state_dir"), "{shown}");
     drop(second);
     let _ = std::fs::remove_dir_all(state.parent().unwrap());
 }

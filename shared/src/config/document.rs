@@ -411,6 +411,7 @@ fn admin_from(section: &Section<'_>) -> Result<AdminConfig, ConfigError> {
         user_quota: section.integer("user_quota")?.unwrap_or_default(),
         offload_engine: section.string("offload_engine")?.unwrap_or_default(),
         offload_interfaces: section.strings("offload_interfaces")?,
+        state_dir: section.string("state_dir")?.unwrap_or_default(),
         license_config: match section.get("license_config") {
             None => None,
             Some(value @ Value::Object(_)) => Some(value.clone()),

@@ -31,6 +31,7 @@ const ADMIN: &[(&str, Kind)] = &[
     ("user_quota", V),
     ("offload_engine", V),
     ("offload_interfaces", V),
+    ("state_dir", V),
     ("license_config", Free),
 ];
 const V1_AUTH: &[(&str, Kind)] = &[("type", V), ("realm", V), ("credentials", Free)];

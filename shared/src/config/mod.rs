@@ -140,6 +140,10 @@ pub struct AdminConfig {
     /// Interfaces to offload on (empty: all), sorted.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub offload_interfaces: Vec<String>,
+    /// uturn: the state directory that keeps allocations across a restart (`--state-dir`
+    /// overrides it); read when the process starts. Empty: none.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub state_dir: String,
     /// Premium license info (`{"key": …, "hmac": …}`), kept as given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub license_config: Option<serde_json::Value>,
