@@ -71,7 +71,7 @@ impl Dataplane {
         let ledger = Arc::new(crate::proto::AllocationLedger::new());
         let groups = Arc::new(groups::ListenerGroups::new(shards, config.udp_thread_num));
         let admission = Arc::new(admission::StreamAdmission::new(config.stream_limits));
-        let mut states = shard_states(config.state.as_deref(), shards);
+        let mut states = shard_states(config.state.as_deref(), shards, config.udp_thread_num);
         for (index, &cpu) in placement.iter().enumerate() {
             match cpu {
                 Some(cpu) => tracing::info!(target: "stunnerd", "shard {index} on CPU {cpu}"),
@@ -219,10 +219,12 @@ impl Dataplane {
 fn shard_states(
     state: Option<&StateDir>,
     shards: usize,
+    udp_thread_num: usize,
 ) -> std::vec::IntoIter<Option<Arc<shard::ShardState>>> {
     let epoch = monotonic_epoch();
     let restored = state.map(|dir| dir.restore(shards, epoch));
     if let (Some(dir), Some(restored)) = (state, &restored) {
+        dir.note_layout(shards, udp_thread_num.max(1), restored.found);
         tracing::info!(
             target: "stunnerd",
             "state directory {}: {} allocation(s) to carry on",

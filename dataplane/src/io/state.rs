@@ -32,6 +32,8 @@ use std::time::Instant;
 const LOCK: &str = "lock";
 /// The nonce key, 32 bytes.
 const NONCE_KEY: &str = "nonce-key";
+/// How the last process spread its clients over shards: `shards <n> sockets <m>`.
+const LAYOUT: &str = "layout";
 
 /// Where a restored allocation's adoption ended, as `uturn_restored_allocations_total`'s
 /// `outcome` label: adopted, or each [`AdoptError`].
@@ -218,6 +220,30 @@ impl StateDir {
         let written = private_file(&path, true).and_then(|mut f| f.write_all(&key));
         written.map_err(|e| format!("state directory {}: nonce key: {e}", path.display()))?;
         Ok(key)
+    }
+
+    /// Records that this process runs `shards` shards with `sockets` SO_REUSEPORT sockets per
+    /// TURN-UDP listener, and says (a WARN, when there are allocations to carry on) if the
+    /// last process did otherwise: the kernel's hash then sends some clients to a shard that
+    /// does not hold their allocation, and those get 437 as without a state directory.
+    pub fn note_layout(&self, shards: usize, sockets: usize, carried: usize) {
+        let path = self.path.join(LAYOUT);
+        let now = format!("shards {shards} sockets {sockets}");
+        let before = std::fs::read_to_string(&path).unwrap_or_default();
+        let before = before.trim();
+        if carried > 0 && !before.is_empty() && before != now {
+            tracing::warn!(
+                target: "stunnerd",
+                "state directory {}: the last process ran {before:?}, this one {now:?}: \
+                 clients the kernel now hashes to another shard lose their allocation; run as \
+                 many shards (UTURN_SHARDS, the CPU limit) and --udp-thread-num to carry all",
+                self.path.display()
+            );
+        }
+        let written = private_file(&path, true).and_then(|mut f| writeln!(f, "{now}"));
+        if written.is_err() {
+            self.counts.write_error();
+        }
     }
 
     /// The allocations the journals here leave live at `epoch`, each given to shard (the

@@ -563,3 +563,36 @@ fn a_state_directory_named_by_the_config_keeps_the_call_as_the_flag_does() {
     drop(second);
     let _ = std::fs::remove_dir_all(state.parent().unwrap());
 }
+
+#[test]
+fn a_restart_with_another_shard_count_says_which_clients_it_may_lose() {
+    let state = fresh_state();
+    let gw = Gateway::new(&state, "127.0.0.1");
+    let peer = Peer::start();
+    let mut first = gw.start_ready();
+    let (_d, _relay) = call(&gw, &peer);
+    kill(&mut first);
+    let second = Stunnerd::start(&gw.args(), &[("UTURN_SHARDS", "2")]);
+    let health = gw.health;
+    assert!(wait_until(15, || http_get(health, "/ready")
+        .is_some_and(|(c, _)| c == 200)));
+    let logs = second.logs();
+    assert!(
+        logs.contains(
+            "the last process ran \"shards 1 sockets 1\", this one \"shards 2 sockets 1\""
+        ),
+        "{logs}"
+    );
+    drop(second);
+    // The same layout again: nothing to say.
+    let third = Stunnerd::start(&gw.args(), &[("UTURN_SHARDS", "2")]);
+    assert!(wait_until(15, || http_get(health, "/ready")
+        .is_some_and(|(c, _)| c == 200)));
+    assert!(
+        !third.logs().contains("the last process ran"),
+        "{}",
+        third.logs()
+    );
+    drop(third);
+    let _ = std::fs::remove_dir_all(state.parent().unwrap());
+}
