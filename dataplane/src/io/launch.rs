@@ -4,7 +4,7 @@
 
 use super::metrics::{add_count, ShardReport, ShardStats};
 use super::placement::{allowed_cpus, shard_placement};
-use super::state::{monotonic_epoch, StateDir};
+use super::state::{monotonic_epoch, StateDir, Unplaced};
 use super::{admission, epoll, groups, shard, sys, uring, IoBackend};
 use crate::proto::sibling::SiblingForwarding;
 use arc_swap::ArcSwap;
@@ -223,8 +223,11 @@ fn shard_states(
 ) -> std::vec::IntoIter<Option<Arc<shard::ShardState>>> {
     let epoch = monotonic_epoch();
     let restored = state.map(|dir| dir.restore(shards, epoch));
+    let mut unplaced = None;
     if let (Some(dir), Some(restored)) = (state, &restored) {
-        dir.note_layout(shards, udp_thread_num.max(1), restored.found);
+        if dir.note_layout(shards, udp_thread_num.max(1), restored.found) {
+            unplaced = Some(Arc::new(Unplaced::default()));
+        }
         tracing::info!(
             target: "stunnerd",
             "state directory {}: {} allocation(s) to carry on",
@@ -232,14 +235,15 @@ fn shard_states(
             restored.found
         );
     }
-    let mut by_shard = restored.map(|r| r.by_shard.into_iter());
+    let mut by_shard = restored.map(|r| r.by_shard).unwrap_or_default();
+    if let (Some(dir), Some(unplaced)) = (state, &unplaced) {
+        unplaced.hold(dir, by_shard.iter_mut().flat_map(std::mem::take).collect());
+    }
+    let mut by_shard = by_shard.into_iter();
     let states: Vec<_> = (0..shards)
         .map(|_| {
             let dir = state?;
-            let restoring = by_shard
-                .as_mut()
-                .and_then(Iterator::next)
-                .unwrap_or_default();
+            let restoring = by_shard.next().unwrap_or_default();
             if !restoring.is_empty() {
                 dir.counts().restoring();
             }
@@ -249,6 +253,7 @@ fn shard_states(
                 epoch,
                 counts: dir.counts().clone(),
                 shards,
+                unplaced: unplaced.clone(),
                 restoring: std::sync::Mutex::new(restoring),
             }))
         })

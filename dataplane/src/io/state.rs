@@ -15,12 +15,14 @@ pub(crate) mod journal;
 
 use super::socket::relay_socket_at;
 use crate::proto::persist::{decode, replay, AdoptError, AllocationRecord, DecodeError};
+use crate::proto::persist::{encode_entry, encode_header, JournalEntry, JournalHeader};
 use crate::proto::persist::{MonotonicEpoch, JOURNAL_VERSION};
 use crate::proto::Family;
 use metrics::{counter, describe_counter};
 use socket2::Socket;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -223,20 +225,20 @@ impl StateDir {
     }
 
     /// Records that this process runs `shards` shards with `sockets` SO_REUSEPORT sockets per
-    /// TURN-UDP listener, and says (a WARN, when there are allocations to carry on) if the
-    /// last process did otherwise: the kernel's hash then sends some clients to a shard that
-    /// does not hold their allocation, and those get 437 as without a state directory.
-    pub fn note_layout(&self, shards: usize, sockets: usize, carried: usize) {
+    /// TURN-UDP listener; whether the last process did otherwise (with allocations to carry
+    /// on), which it says: the kernel's hash then sends clients to other shards than the ones
+    /// that held them, so each allocation waits, [`Unplaced`], for its client's next datagram.
+    pub fn note_layout(&self, shards: usize, sockets: usize, carried: usize) -> bool {
         let path = self.path.join(LAYOUT);
         let now = format!("shards {shards} sockets {sockets}");
         let before = std::fs::read_to_string(&path).unwrap_or_default();
         let before = before.trim();
-        if carried > 0 && !before.is_empty() && before != now {
-            tracing::warn!(
+        let changed = carried > 0 && !before.is_empty() && before != now;
+        if changed {
+            tracing::info!(
                 target: "stunnerd",
-                "state directory {}: the last process ran {before:?}, this one {now:?}: \
-                 clients the kernel now hashes to another shard lose their allocation; run as \
-                 many shards (UTURN_SHARDS, the CPU limit) and --udp-thread-num to carry all",
+                "state directory {}: the last process ran {before:?}, this one {now:?}: each \
+                 allocation is adopted by the shard its client's next datagram reaches",
                 self.path.display()
             );
         }
@@ -244,6 +246,7 @@ impl StateDir {
         if written.is_err() {
             self.counts.write_error();
         }
+        changed
     }
 
     /// The allocations the journals here leave live at `epoch`, each given to shard (the
@@ -312,6 +315,97 @@ fn holder(lock: &Path) -> String {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     "unknown".into()
+}
+
+/// Allocations whose shard is not known until their client's next datagram reaches one (the
+/// last process spread its clients over another layout): held with their relay sockets, taken
+/// by the first shard that hears from the client, dropped when their deadline passes. Their
+/// journal, `unplaced.journal`, holds them until then (a crash meanwhile keeps them too).
+#[derive(Default)]
+pub(crate) struct Unplaced {
+    waiting: AtomicUsize,
+    held: std::sync::Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    records: std::collections::HashMap<(String, SocketAddr), Restoring>,
+    journal: Option<(PathBuf, File)>,
+}
+
+impl Unplaced {
+    /// Holds `records`, journaled in `dir`.
+    pub(crate) fn hold(&self, dir: &StateDir, records: Vec<Restoring>) {
+        let Ok(mut held) = self.held.lock() else {
+            return;
+        };
+        let path = dir.path.join(journal::UNPLACED);
+        let mut bytes = Vec::new();
+        encode_header(
+            &JournalHeader {
+                boot_id: dir.boot_id,
+            },
+            &mut bytes,
+        );
+        for restoring in records {
+            let _ = encode_entry(&JournalEntry::Put(restoring.record.clone()), &mut bytes);
+            let key = (restoring.record.listener.clone(), restoring.record.client);
+            held.records.insert(key, restoring);
+        }
+        let written = private_file(&path, true).and_then(|mut f| f.write_all(&bytes).map(|()| f));
+        match written {
+            Ok(file) => held.journal = Some((path, file)),
+            Err(_) => dir.counts.write_error(),
+        }
+        self.waiting.store(held.records.len(), Ordering::Relaxed);
+    }
+
+    /// Whether any allocation waits (one load: the per-packet test).
+    #[inline]
+    pub(crate) fn waiting(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed) > 0
+    }
+
+    /// The allocation of `client` on listener `listener`, if it waits (its journal says it
+    /// is taken: the shard that takes it journals it from now on).
+    pub(crate) fn take(&self, listener: &str, client: SocketAddr) -> Option<Restoring> {
+        let mut held = self.held.lock().ok()?;
+        let taken = held.records.remove(&(listener.to_owned(), client))?;
+        let delete = JournalEntry::Delete {
+            listener: listener.to_owned(),
+            client,
+        };
+        let mut bytes = Vec::new();
+        if let (Ok(()), Some((_, file))) = (encode_entry(&delete, &mut bytes), &mut held.journal) {
+            let _ = file.write_all(&bytes);
+        }
+        held.settle(&self.waiting);
+        Some(taken)
+    }
+
+    /// Drops (and counts as expired) what ended by `now_ns`.
+    pub(crate) fn expire(&self, now_ns: u64, counts: &StateCounts) {
+        if let Ok(mut held) = self.held.lock() {
+            let before = held.records.len();
+            held.records.retain(|_, r| r.record.expires_at_ns > now_ns);
+            for _ in held.records.len()..before {
+                counts.restored(outcome(Err(AdoptError::Expired)));
+            }
+            held.settle(&self.waiting);
+        }
+    }
+}
+
+impl Held {
+    /// Publishes how many wait; with none, the journal goes.
+    fn settle(&mut self, waiting: &AtomicUsize) {
+        waiting.store(self.records.len(), Ordering::Relaxed);
+        if self.records.is_empty() {
+            if let Some((path, _)) = self.journal.take() {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
 }
 
 /// What [`StateDir::restore`] found.

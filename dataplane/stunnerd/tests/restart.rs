@@ -565,27 +565,46 @@ fn a_state_directory_named_by_the_config_keeps_the_call_as_the_flag_does() {
 }
 
 #[test]
-fn a_restart_with_another_shard_count_says_which_clients_it_may_lose() {
+fn a_restart_on_another_shard_layout_carries_every_call_to_the_shard_its_client_reaches() {
     let state = fresh_state();
     let gw = Gateway::new(&state, "127.0.0.1");
     let peer = Peer::start();
     let mut first = gw.start_ready();
-    let (_d, _relay) = call(&gw, &peer);
+    let mut clients: Vec<TurnClient> = (0..8).map(|_| call(&gw, &peer).0).collect();
     kill(&mut first);
-    let second = Stunnerd::start(&gw.args(), &[("UTURN_SHARDS", "2")]);
+    // Two shards, each with a socket of the listener: the kernel's hash sends each client to
+    // one of them, which the journal of the one-shard process could not know.
+    let mut args = gw.args();
+    args.push("--udp-thread-num=2");
+    let second = Stunnerd::start(&args, &[("UTURN_SHARDS", "2")]);
     let health = gw.health;
     assert!(wait_until(15, || http_get(health, "/ready")
         .is_some_and(|(c, _)| c == 200)));
     let logs = second.logs();
     assert!(
         logs.contains(
-            "the last process ran \"shards 1 sockets 1\", this one \"shards 2 sockets 1\""
+            "the last process ran \"shards 1 sockets 1\", this one \"shards 2 sockets 2\""
         ),
         "{logs}"
     );
+    for (i, client) in clients.iter_mut().enumerate() {
+        assert!(
+            echoes(
+                client,
+                peer.addr,
+                &format!("client {i} after the restart"),
+                3
+            ),
+            "{}",
+            second.logs()
+        );
+    }
+    assert_eq!(gw.metric(ADOPTED), 8.0, "{}", second.logs());
+    // Every allocation is placed: what waited is gone from the directory, and the next
+    // process (the same layout) carries them all from the shards' journals.
+    assert!(!state.join("unplaced.journal").exists());
     drop(second);
-    // The same layout again: nothing to say.
-    let third = Stunnerd::start(&gw.args(), &[("UTURN_SHARDS", "2")]);
+    let third = Stunnerd::start(&args, &[("UTURN_SHARDS", "2")]);
     assert!(wait_until(15, || http_get(health, "/ready")
         .is_some_and(|(c, _)| c == 200)));
     assert!(
@@ -593,6 +612,10 @@ fn a_restart_with_another_shard_count_says_which_clients_it_may_lose() {
         "{}",
         third.logs()
     );
+    assert_eq!(gw.metric(ADOPTED), 8.0, "{}", third.logs());
+    for client in clients.iter_mut() {
+        assert!(echoes(client, peer.addr, "after the third start", 3));
+    }
     drop(third);
     let _ = std::fs::remove_dir_all(state.parent().unwrap());
 }

@@ -370,6 +370,7 @@ impl<D: Driver> Shard<D> {
             self.dtls_datagram(now, socket, from, data);
             return;
         }
+        self.place_unplaced(now, socket.id, from);
         if let Some(n) = self.handle_turn(now, socket.id, from, data, ArrivalKind::Straight) {
             // The kernel relays a channel from the moment its ChannelBind is answered: the
             // entry is installed before the answer leaves.

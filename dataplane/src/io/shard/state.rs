@@ -6,9 +6,10 @@ use super::listeners::Listeners;
 use super::relays::Relays;
 use crate::io::driver::Driver;
 use crate::io::state::journal::{self, Journal};
-use crate::io::state::{bind_relays, outcome, Restoring, StateCounts};
+use crate::io::state::{bind_relays, outcome, Restoring, StateCounts, Unplaced};
 use crate::proto::persist::{AdoptError, MonotonicEpoch, RelayPorts};
-use crate::proto::Engine;
+use crate::proto::{Engine, ListenerId};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,6 +34,9 @@ pub(in crate::io) struct ShardState {
     pub shards: usize,
     /// The allocations this shard adopts, taken when it starts.
     pub restoring: Mutex<Vec<Restoring>>,
+    /// The allocations no shard holds until their client's next datagram reaches one (the
+    /// last process ran another layout), shared by the shards.
+    pub unplaced: Option<Arc<Unplaced>>,
 }
 
 /// The shard's adoptions still to do and its journal.
@@ -44,6 +48,8 @@ pub(super) struct State {
     since: Option<Instant>,
     /// Adoption is over and the journal was started (or could not be: counted and logged).
     started: bool,
+    /// When the unplaced allocations are next checked for their end.
+    next_expiry: Instant,
     journal: Option<Journal>,
 }
 
@@ -62,6 +68,7 @@ impl State {
             pending,
             since: None,
             started: false,
+            next_expiry: Instant::now(),
             journal: None,
         }
     }
@@ -101,6 +108,12 @@ impl State {
             self.start(engine);
         }
         self.record(engine, now);
+        if let Some(unplaced) = self.setup.unplaced.as_ref().filter(|u| u.waiting()) {
+            if now >= self.next_expiry {
+                self.next_expiry = now + Duration::from_secs(1);
+                unplaced.expire(self.setup.epoch.ns_at(now), &self.setup.counts);
+            }
+        }
     }
 
     /// Adopts each waiting allocation whose listener runs on this shard; drops those whose
@@ -137,29 +150,45 @@ impl State {
                     continue;
                 }
             };
-            let mut sockets = restoring.sockets;
-            let retried = bind_relays(&restoring.record, &sockets);
-            sockets.extend(retried);
-            let bound = sockets
-                .iter()
-                .fold(RelayPorts::default(), |ports, &(family, _, port)| {
-                    ports.with(family, port)
-                });
-            let record = restoring.record;
-            match engine.adopt(record, id, bound, snap, now, epoch) {
-                Ok(ids) => {
-                    for (family, socket, port) in sockets {
-                        if let Some(&relay) = ids.iter().find(|r| r.family() == family) {
-                            if let Err(e) = relays.adopt(relay, socket, port, driver) {
-                                tracing::warn!(target: "stunnerd", "restored relay socket on port {port} not watched: {e}");
-                            }
-                        }
-                    }
-                    counts.restored(outcome(Ok(())));
-                }
-                Err(error) => counts.restored(outcome(Err(error))),
-            }
+            let mut to = Adopting {
+                engine: &mut *engine,
+                relays: &mut *relays,
+                snap,
+                driver,
+                now,
+            };
+            adopt_one(restoring, id, &mut to, epoch, counts);
         }
+    }
+
+    /// Whether allocations wait for their client's next datagram to pick their shard (the
+    /// per-packet test: one load).
+    #[inline]
+    pub(super) fn unplaced_waiting(&self) -> bool {
+        self.setup.unplaced.as_ref().is_some_and(|u| u.waiting())
+    }
+
+    /// `client` sent a datagram on UDP listener `id` (called `name`): if its allocation
+    /// waits unplaced, this shard adopts it now, before the datagram is served.
+    pub(super) fn place<D: Driver>(
+        &mut self,
+        to: &mut Adopting<'_, D>,
+        name: &str,
+        id: ListenerId,
+        client: SocketAddr,
+    ) {
+        let Some(unplaced) = &self.setup.unplaced else {
+            return;
+        };
+        if to.engine.has_allocation(id, client) {
+            return;
+        }
+        let Some(restoring) = unplaced.take(name, client) else {
+            return;
+        };
+        let (epoch, counts) = (self.setup.epoch, &self.setup.counts);
+        adopt_one(restoring, id, to, epoch, counts);
+        self.record(to.engine, to.now);
     }
 
     /// Starts the journal afresh from what the engine holds, and removes the journals of
@@ -191,5 +220,77 @@ impl State {
                 let _ = std::fs::remove_file(path);
             }
         }
+    }
+}
+
+impl<D: Driver> super::Shard<D> {
+    /// Before a UDP client's datagram is served: if its allocation waits unplaced (the last
+    /// process ran another layout), this shard, which the kernel now sends it to, adopts it.
+    /// Without a state directory, or once every allocation is placed, one test.
+    #[inline]
+    pub(super) fn place_unplaced(&mut self, now: Instant, id: ListenerId, client: SocketAddr) {
+        let Some(state) = self.state.as_mut() else {
+            return;
+        };
+        if !state.unplaced_waiting() {
+            return;
+        }
+        let Some(listener) = self.listeners.get(id) else {
+            return;
+        };
+        let mut to = Adopting {
+            engine: &mut self.engine,
+            relays: &mut self.relays,
+            snap: self.snapshots.serving(),
+            driver: &self.driver,
+            now,
+        };
+        state.place(&mut to, &listener.spec.name, id, client);
+    }
+}
+
+/// What adopting an allocation touches: the shard's engine and relay sockets, the snapshot
+/// it serves, its driver, and the time.
+pub(super) struct Adopting<'a, D: Driver> {
+    pub engine: &'a mut Engine,
+    pub relays: &'a mut Relays<D::Watch>,
+    pub snap: &'a Snapshot,
+    pub driver: &'a D,
+    pub now: Instant,
+}
+
+/// Adopts `restoring` on listener `id`: its relay sockets (bound again if they could not be
+/// before) watched under the ids the engine gives, its outcome counted.
+fn adopt_one<D: Driver>(
+    restoring: Restoring,
+    id: ListenerId,
+    to: &mut Adopting<'_, D>,
+    epoch: MonotonicEpoch,
+    counts: &StateCounts,
+) {
+    let mut sockets = restoring.sockets;
+    let retried = bind_relays(&restoring.record, &sockets);
+    sockets.extend(retried);
+    let bound = sockets
+        .iter()
+        .fold(RelayPorts::default(), |ports, &(family, _, port)| {
+            ports.with(family, port)
+        });
+    let (snap, now) = (to.snap, to.now);
+    match to
+        .engine
+        .adopt(restoring.record, id, bound, snap, now, epoch)
+    {
+        Ok(ids) => {
+            for (family, socket, port) in sockets {
+                if let Some(&relay) = ids.iter().find(|r| r.family() == family) {
+                    if let Err(e) = to.relays.adopt(relay, socket, port, to.driver) {
+                        tracing::warn!(target: "stunnerd", "restored relay socket on port {port} not watched: {e}");
+                    }
+                }
+            }
+            counts.restored(outcome(Ok(())));
+        }
+        Err(error) => counts.restored(outcome(Err(error))),
     }
 }

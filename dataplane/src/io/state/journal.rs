@@ -21,6 +21,10 @@ const GROWTH: u64 = 4;
 /// ... and at least this long.
 const REWRITE_AT: u64 = 256 << 10;
 
+/// The journal of the allocations no shard has taken yet ([`super::Unplaced`]), read back as
+/// shard 0's.
+pub(crate) const UNPLACED: &str = "unplaced.journal";
+
 /// The journal files in `dir`, with the shard index each names, in index order.
 pub(crate) fn files(dir: &Path) -> Vec<(usize, PathBuf)> {
     let mut files: Vec<(usize, PathBuf)> = std::fs::read_dir(dir)
@@ -29,6 +33,9 @@ pub(crate) fn files(dir: &Path) -> Vec<(usize, PathBuf)> {
         .flatten()
         .filter_map(|entry| {
             let name = entry.file_name().into_string().ok()?;
+            if name == UNPLACED {
+                return Some((0, entry.path()));
+            }
             let index = name.strip_prefix("shard-")?.strip_suffix(".journal")?;
             Some((index.parse().ok()?, entry.path()))
         })

@@ -194,6 +194,8 @@ impl Engine {
         adopt_channels(&mut alloc, &record.channels, snap, clock, max_permissions);
         let slot = self.allocations.reserve_slot();
         self.allocations.insert(slot, alloc);
+        // Journaled by the shard that adopted it from now on.
+        self.persist.changed(&self.allocations, slot);
         self.stats.allocations_created += 1;
         self.next_sweep.get_or_insert(now + SWEEP_INTERVAL);
         self.offload
