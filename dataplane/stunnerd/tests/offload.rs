@@ -9,7 +9,9 @@ use std::time::Duration;
 use uturn_testkit::link::{TurnLink, LINK_CREDS};
 use uturn_testkit::netns::{Shape, Topology};
 use uturn_testkit::peers::Peer;
-use uturn_testkit::stunnerd::{free_port, metric, status, temp_file, wait_until, Stunnerd};
+use uturn_testkit::stunnerd::{
+    free_port, http_get, metric, status, temp_dir, temp_file, wait_until, Stunnerd,
+};
 use uturn_testkit::turn_client::TurnClient;
 
 /// A server with `--offload MODE` (and `extra` arguments), its health and metrics ports.
@@ -724,6 +726,42 @@ fn a_killed_server_leaves_no_program_behind_and_the_next_one_attaches() {
             "round {round}: programs {ids:?} outlived their process"
         );
     }
+}
+
+/// With `--state-dir`, a call carried over a `kill -9` is relayed in the kernel again by the
+/// next process: the adopted allocation's channel is offloaded anew, and the new process's
+/// counters see the kernel relay its datagrams.
+#[test]
+fn a_call_carried_over_a_kill_by_the_state_directory_is_relayed_in_the_kernel_again() {
+    let state = temp_dir("offload-state").join("state");
+    let state_arg = state.to_str().unwrap().to_owned();
+    let mut s = start("tc", &["--state-dir", &state_arg], |_| {});
+    assert_eq!(s.offload()["running"], "tc", "{}", s.server.logs());
+    let peer = Peer::start();
+    let mut link = channel_to(s.addr(), peer.addr, None);
+    assert!(wait_until(5, || s.channels() == 1));
+    assert_eq!(echoes(&mut link, 10), 10);
+    assert!(wait_until(3, || s.offloaded("to_peer") == 10));
+    s.server.signal(libc::SIGKILL);
+    s.server.wait_exit_for(5.0);
+    let origin = format!("file://{}", s.config.display());
+    let args = ["--offload", "tc", "-c", &origin, "--state-dir", &state_arg];
+    s.server = Stunnerd::start_with(&[], &args, &[], |_| {});
+    let health = s.health;
+    assert!(
+        wait_until(10, || http_get(health, "/ready")
+            .is_some_and(|(c, _)| c == 200)),
+        "{}",
+        s.server.logs()
+    );
+    assert!(wait_until(5, || s.channels() == 1), "{}", s.server.logs());
+    assert_eq!(echoes(&mut link, 10), 10, "{}", s.server.logs());
+    assert!(
+        wait_until(3, || s.offloaded("to_peer") == 10),
+        "the kernel did not relay the carried call: {}",
+        s.server.logs()
+    );
+    let _ = std::fs::remove_dir_all(state.parent().unwrap());
 }
 
 /// A client that refreshes as fast as it likes (here 2 000 CreatePermissions on a channel's
