@@ -3,8 +3,8 @@
 //! file another process cannot take while this one lives), keeps the nonce key there (so
 //! that a client's nonce stays valid across the restart) and reads the journals the last
 //! process left ([`StateDir::restore`]): the allocations to re-create, each with its relay
-//! sockets bound again on their ports before any shard serves ([`Restoring`]). Each shard
-//! then keeps its own journal ([`journal::Journal`]).
+//! sockets bound again on their ports before any shard serves (`Restoring`). Each shard
+//! then keeps its own journal (`journal::Journal`).
 //!
 //! The failure it prevents: a crash, an OOM kill or an in-place update ends every call, since
 //! the allocations lived only in memory. What a file holds is what integrity checks need
@@ -227,7 +227,7 @@ impl StateDir {
     /// Records that this process runs `shards` shards with `sockets` SO_REUSEPORT sockets per
     /// TURN-UDP listener; whether the last process did otherwise (with allocations to carry
     /// on), which it says: the kernel's hash then sends clients to other shards than the ones
-    /// that held them, so each allocation waits, [`Unplaced`], for its client's next datagram.
+    /// that held them, so each allocation waits (`Unplaced`) for its client's next datagram.
     pub fn note_layout(&self, shards: usize, sockets: usize, carried: usize) -> bool {
         let path = self.path.join(LAYOUT);
         let now = format!("shards {shards} sockets {sockets}");
