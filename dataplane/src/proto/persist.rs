@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 use stun_proto::types::message::TransactionId;
+use uturn_shared::config::ListenerProtocol;
 
 /// An [`Instant`] and the `CLOCK_MONOTONIC` reading (nanoseconds) taken at it: how deadlines
 /// go from one process's clock to the next one's.
@@ -214,6 +215,43 @@ impl AdoptError {
     }
 }
 
+/// How long a restored allocation waits for its listener to open on its shard, once a config
+/// with listeners runs, before it is dropped as gone.
+pub const LISTENER_WAIT: Duration = Duration::from_secs(10);
+
+/// What becomes of a restored allocation at a shard's tick ([`placement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Its listener runs here: adopt it now.
+    Adopt,
+    /// Its listener is in the config but not open here yet: ask again next tick.
+    Wait,
+    /// Never: why.
+    Drop(AdoptError),
+}
+
+/// Whether a restored allocation is adopted, waits or is dropped, at `now`: `protocol` is its
+/// listener's in the running config (`None`: the config has no listener of its name), `open`
+/// whether that listener runs on the shard with a socket, `since` when the first config with
+/// listeners ran. A TURN-UDP listener not open within [`LISTENER_WAIT`] is as good as gone; a
+/// TCP, TLS or DTLS one ended the allocation with the connection or session it lived on
+/// (RFC 8656 §3.1).
+pub fn placement(
+    protocol: Option<ListenerProtocol>,
+    open: bool,
+    since: Instant,
+    now: Instant,
+) -> Placement {
+    match (protocol, open) {
+        (Some(ListenerProtocol::TurnUdp), true) => Placement::Adopt,
+        (Some(ListenerProtocol::TurnUdp), false) if now < since + LISTENER_WAIT => Placement::Wait,
+        (None, _) | (Some(ListenerProtocol::TurnUdp), false) => {
+            Placement::Drop(AdoptError::ListenerGone)
+        }
+        (Some(_), _) => Placement::Drop(AdoptError::ConnectionEnded),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,5 +329,38 @@ mod tests {
             monotonic_ns: 5,
         };
         assert_eq!(early.ns_at(instant), 0);
+    }
+
+    #[test]
+    fn a_restored_allocation_waits_ten_seconds_for_its_udp_listener_and_no_longer() {
+        let since = Instant::now();
+        let udp = Some(ListenerProtocol::TurnUdp);
+        assert_eq!(placement(udp, true, since, since), Placement::Adopt);
+        assert_eq!(placement(udp, false, since, since), Placement::Wait);
+        let almost = since + LISTENER_WAIT - Duration::from_millis(1);
+        assert_eq!(placement(udp, false, since, almost), Placement::Wait);
+        assert_eq!(
+            placement(udp, false, since, since + LISTENER_WAIT),
+            Placement::Drop(AdoptError::ListenerGone)
+        );
+        // Open late, but open: adopted.
+        let late = since + LISTENER_WAIT * 3;
+        assert_eq!(placement(udp, true, since, late), Placement::Adopt);
+        // Gone from the config: at once.
+        assert_eq!(
+            placement(None, false, since, since),
+            Placement::Drop(AdoptError::ListenerGone)
+        );
+        for protocol in [
+            ListenerProtocol::TurnTcp,
+            ListenerProtocol::TurnTls,
+            ListenerProtocol::TurnDtls,
+        ] {
+            assert_eq!(
+                placement(Some(protocol), true, since, since),
+                Placement::Drop(AdoptError::ConnectionEnded),
+                "{protocol:?}"
+            );
+        }
     }
 }

@@ -7,18 +7,13 @@ use super::relays::Relays;
 use crate::io::driver::Driver;
 use crate::io::state::journal::{self, Journal};
 use crate::io::state::{bind_relays, outcome, Restoring, StateCounts, Unplaced};
-use crate::proto::persist::{AdoptError, MonotonicEpoch, RelayPorts};
+use crate::proto::persist::{placement, MonotonicEpoch, Placement, RelayPorts};
 use crate::proto::{Engine, ListenerId};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use uturn_shared::config::ListenerProtocol;
 use uturn_shared::snapshot::Snapshot;
-
-/// How long an allocation waits for its listener to open on this shard, once a config with
-/// listeners runs, before it is dropped as gone.
-const LISTENER_WAIT: Duration = Duration::from_secs(10);
 
 /// What a shard starts from in the state directory.
 pub(in crate::io) struct ShardState {
@@ -117,7 +112,7 @@ impl State {
     }
 
     /// Adopts each waiting allocation whose listener runs on this shard; drops those whose
-    /// listener is gone (or has not opened here within [`LISTENER_WAIT`]).
+    /// listener is gone (or has not opened here in time: [`placement`] decides).
     fn adopt<D: Driver>(
         &mut self,
         engine: &mut Engine,
@@ -134,21 +129,19 @@ impl State {
             let record = &restoring.record;
             let spec = snap.listeners.iter().find(|l| l.name == record.listener);
             let id = listeners.udp_id_of(&record.listener);
-            let id = match (spec.map(|s| s.protocol), id) {
-                (Some(ListenerProtocol::TurnUdp), Some(id)) => id,
-                (Some(ListenerProtocol::TurnUdp), None) if now < since + LISTENER_WAIT => {
+            let protocol = spec.map(|s| s.protocol);
+            let id = match (placement(protocol, id.is_some(), since, now), id) {
+                (Placement::Adopt, Some(id)) => id,
+                (Placement::Wait, _) => {
                     self.pending.push(restoring);
                     continue;
                 }
-                (None, _) | (Some(ListenerProtocol::TurnUdp), None) => {
-                    counts.restored(outcome(Err(AdoptError::ListenerGone)));
+                (Placement::Drop(error), _) => {
+                    counts.restored(outcome(Err(error)));
                     continue;
                 }
-                // RFC 8656 §3.1: its connection or DTLS session ended with the last process.
-                (Some(_), _) => {
-                    counts.restored(outcome(Err(AdoptError::ConnectionEnded)));
-                    continue;
-                }
+                // `placement` adopts only what is open.
+                (Placement::Adopt, None) => continue,
             };
             let mut to = Adopting {
                 engine: &mut *engine,
