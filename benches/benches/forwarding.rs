@@ -11,6 +11,7 @@
 use std::net::UdpSocket;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
+use uturn_benches::process_cpu_ns;
 use uturn_perf::client::{channel_data_header, BenchClient, Link};
 use uturn_testkit::cluster::Cluster;
 use uturn_testkit::link::LINK_CREDS;
@@ -23,18 +24,6 @@ const SECONDS: u32 = 2;
 /// Packets in flight at saturation.
 const WINDOW: usize = 64;
 const PAYLOAD: usize = 160;
-
-/// CPU time (ns) every thread of process `pid` has run.
-fn cpu_ns(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .filter_map(|t| t.ok())
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
-}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
@@ -68,7 +57,7 @@ fn pings(socket: &UdpSocket) -> Vec<Duration> {
 /// The CPU time (ns) of pods a and b together.
 fn pods_cpu(cluster: &mut Cluster) -> u64 {
     let pids = [cluster.stunnerd(0).pid(), cluster.stunnerd(1).pid()];
-    pids.iter().map(|&p| cpu_ns(p)).sum()
+    pids.iter().map(|&p| process_cpu_ns(p)).sum()
 }
 
 /// What a phase measured: gateway CPU ns per echoed packet (two relayed datagrams each), echoed

@@ -60,6 +60,7 @@ use stun_proto::types::message::{
 };
 use turn_types::attribute::{ChannelNumber, Lifetime, XorPeerAddress};
 use turn_types::message::{ALLOCATE, CHANNEL_BIND, CREATE_PERMISSION, REFRESH};
+use uturn_benches::process_cpu_ns;
 use uturn_perf::client::{build_request, roomy, udp_transport, Credentials};
 use uturn_testkit::netns::{Shape, Topology};
 use uturn_testkit::stunnerd::{http_get_from, stunnerd_binary, Stunnerd};
@@ -441,17 +442,6 @@ fn schedstat(path: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// ns every thread of process `pid` has run.
-fn process_ns(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .filter_map(|t| t.ok())
-        .map(|t| schedstat(&t.path().join("schedstat")))
-        .sum()
-}
-
 impl Server {
     fn start(mode: &'static str, max_permissions: usize, pin: bool) -> Result<Server, String> {
         let topo = topology();
@@ -547,7 +537,7 @@ impl Server {
 
     /// (shard thread, whole process) ns run.
     fn cpu(&self) -> (u64, u64) {
-        (schedstat(&self.shard_stat), process_ns(self.pid))
+        (schedstat(&self.shard_stat), process_cpu_ns(self.pid))
     }
 
     /// A fresh allocation with channels 0..n bound to `layout`'s peers 0..n.

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use uturn_benches::process_cpu_ns;
 use uturn_perf::client::{channel_data_header, BenchClient, Link};
 use uturn_testkit::stunnerd::{
     free_port, http_get, metric, temp_dir, wait_until, workspace_binary, Stunnerd,
@@ -213,18 +214,6 @@ fn time_to_ready(setup: &Setup, state: &Path) -> (Duration, Stunnerd) {
     (started.elapsed(), server)
 }
 
-/// CPU time (ns) every thread of process `pid` has run.
-fn cpu_ns(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .filter_map(|t| t.ok())
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
-}
-
 /// One server of [`request_cost`]: its name, config, process, client, and the CPU and time its
 /// Refreshes took.
 type Side<'a> = (&'a str, Setup, Stunnerd, BenchClient, u64, Duration);
@@ -256,12 +245,12 @@ fn request_cost() {
         .collect();
     for _ in 0..ROUNDS {
         for (_, _, server, client, cpu, time) in sides.iter_mut() {
-            let (before, started) = (cpu_ns(server.pid()), Instant::now());
+            let (before, started) = (process_cpu_ns(server.pid()), Instant::now());
             for _ in 0..PER_ROUND {
                 client.refresh(600).unwrap();
             }
             *time += started.elapsed();
-            *cpu += cpu_ns(server.pid()) - before;
+            *cpu += process_cpu_ns(server.pid()) - before;
         }
     }
     let requests = ROUNDS * PER_ROUND;

@@ -15,7 +15,7 @@ pub(crate) mod journal;
 
 use super::socket::relay_socket_at;
 use crate::proto::persist::{decode, replay, AdoptError, AllocationRecord, DecodeError};
-use crate::proto::persist::{encode_entry, encode_header, JournalEntry, JournalHeader};
+use crate::proto::persist::{encode_entry, JournalEntry, JournalHeader};
 use crate::proto::persist::{MonotonicEpoch, JOURNAL_VERSION};
 use crate::proto::Family;
 use metrics::{counter, describe_counter};
@@ -63,8 +63,12 @@ pub(crate) fn outcome(result: Result<(), AdoptError>) -> usize {
 }
 
 /// Why journal entries (or whole files) were not read, as
-/// `uturn_state_records_skipped_total`'s `reason` label.
+/// `uturn_state_records_skipped_total`'s `reason` label, by the indices below.
 const SKIPPED: [&str; 4] = ["corrupt", "torn", "version", "other_boot"];
+const CORRUPT: usize = 0;
+const TORN: usize = 1;
+const VERSION: usize = 2;
+const OTHER_BOOT: usize = 3;
 
 /// What the state directory's users count, shared by the shards and read at each scrape.
 #[derive(Default)]
@@ -282,21 +286,21 @@ impl StateDir {
                      {JOURNAL_VERSION}: its allocations are not carried on (kept as .unread)",
                     path.display()
                 );
-                self.counts.skipped(2, 1);
+                self.counts.skipped(VERSION, 1);
                 let _ = std::fs::rename(path, path.with_extension("unread"));
                 return Vec::new();
             }
             Err(_) => {
-                self.counts.skipped(0, 1);
+                self.counts.skipped(CORRUPT, 1);
                 return Vec::new();
             }
         };
-        self.counts.skipped(0, decoded.corrupt);
-        self.counts.skipped(1, decoded.torn);
+        self.counts.skipped(CORRUPT, decoded.corrupt);
+        self.counts.skipped(TORN, decoded.torn);
         match decoded.header {
             Some(header) if header.boot_id == self.boot_id => replay(decoded.entries, now_ns),
             Some(_) => {
-                self.counts.skipped(3, decoded.entries.len());
+                self.counts.skipped(OTHER_BOOT, decoded.entries.len());
                 Vec::new()
             }
             None => Vec::new(),
@@ -340,22 +344,17 @@ impl Unplaced {
             return;
         };
         let path = dir.path.join(journal::UNPLACED);
-        let mut bytes = Vec::new();
-        encode_header(
-            &JournalHeader {
-                boot_id: dir.boot_id,
-            },
-            &mut bytes,
-        );
+        let header = JournalHeader {
+            boot_id: dir.boot_id,
+        };
+        let entries = records.iter().map(|r| JournalEntry::Put(r.record.clone()));
+        match journal::write_whole(&path, &header, entries) {
+            Ok((file, _)) => held.journal = Some((path, file)),
+            Err(_) => dir.counts.write_error(),
+        }
         for restoring in records {
-            let _ = encode_entry(&JournalEntry::Put(restoring.record.clone()), &mut bytes);
             let key = (restoring.record.listener.clone(), restoring.record.client);
             held.records.insert(key, restoring);
-        }
-        let written = private_file(&path, true).and_then(|mut f| f.write_all(&bytes).map(|()| f));
-        match written {
-            Ok(file) => held.journal = Some((path, file)),
-            Err(_) => dir.counts.write_error(),
         }
         self.waiting.store(held.records.len(), Ordering::Relaxed);
     }
@@ -449,18 +448,9 @@ pub(crate) fn private_file(path: &Path, new: bool) -> std::io::Result<File> {
 
 /// The monotonic clock now, with the instant it was read at.
 pub fn monotonic_epoch() -> MonotonicEpoch {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    let instant = Instant::now();
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     MonotonicEpoch {
-        instant,
-        monotonic_ns: (ts.tv_sec as u64)
-            .saturating_mul(1_000_000_000)
-            .saturating_add(ts.tv_nsec as u64),
+        instant: Instant::now(),
+        monotonic_ns: super::sys::monotonic_ns(),
     }
 }
 

@@ -109,6 +109,18 @@ pub(super) fn set_int_option(
 }
 
 /// The CPUs the calling thread may run on (`sched_getaffinity`).
+/// The CLOCK_MONOTONIC time, nanoseconds (what `bpf_ktime_get_ns` reads, and what a journal's
+/// deadlines are kept on).
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 pub(super) fn cpu_affinity() -> io::Result<Vec<usize>> {
     // SAFETY: an all-zero cpu_set_t is empty; the call fills it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };

@@ -87,15 +87,22 @@ impl Gateway {
 
     /// Starts stunnerd on this config and state directory and waits for `/ready` to say 200.
     fn start_ready(&self) -> Stunnerd {
-        let server = Stunnerd::start(&self.args(), &[]);
-        let health = self.health;
-        assert!(
-            wait_until(15, || http_get(health, "/ready")
-                .is_some_and(|(c, _)| c == 200)),
-            "not ready: {}",
-            server.logs()
-        );
+        self.start_ready_with(&self.args(), &[])
+    }
+
+    /// The same with `args` and `envs` of the caller's.
+    fn start_ready_with(&self, args: &[&str], envs: &[(&str, &str)]) -> Stunnerd {
+        let server = Stunnerd::start(args, envs);
+        assert!(self.ready(), "not ready: {}", server.logs());
         server
+    }
+
+    /// Whether `/ready` says 200 within 15 s.
+    fn ready(&self) -> bool {
+        let health = self.health;
+        wait_until(15, || {
+            http_get(health, "/ready").is_some_and(|(c, _)| c == 200)
+        })
     }
 
     fn turn_addr(&self) -> SocketAddr {
@@ -389,9 +396,7 @@ fn two_processes_started_at_once_on_one_state_directory_one_wins_the_other_says_
             && logs.contains(&winner.pid().to_string()),
         "{logs}"
     );
-    let health = [a.health, b.health][1 - refused];
-    assert!(wait_until(15, || http_get(health, "/ready")
-        .is_some_and(|(c, _)| c == 200)));
+    assert!([&a, &b][1 - refused].ready());
     assert_eq!(lock_pid(&state), winner.pid().to_string());
     drop(servers);
     let _ = std::fs::remove_dir_all(state.parent().unwrap());
@@ -576,10 +581,7 @@ fn a_restart_on_another_shard_layout_carries_every_call_to_the_shard_its_client_
     // one of them, which the journal of the one-shard process could not know.
     let mut args = gw.args();
     args.push("--udp-thread-num=2");
-    let second = Stunnerd::start(&args, &[("UTURN_SHARDS", "2")]);
-    let health = gw.health;
-    assert!(wait_until(15, || http_get(health, "/ready")
-        .is_some_and(|(c, _)| c == 200)));
+    let second = gw.start_ready_with(&args, &[("UTURN_SHARDS", "2")]);
     let logs = second.logs();
     assert!(
         logs.contains(
@@ -604,9 +606,7 @@ fn a_restart_on_another_shard_layout_carries_every_call_to_the_shard_its_client_
     // process (the same layout) carries them all from the shards' journals.
     assert!(!state.join("unplaced.journal").exists());
     drop(second);
-    let third = Stunnerd::start(&args, &[("UTURN_SHARDS", "2")]);
-    assert!(wait_until(15, || http_get(health, "/ready")
-        .is_some_and(|(c, _)| c == 200)));
+    let third = gw.start_ready_with(&args, &[("UTURN_SHARDS", "2")]);
     assert!(
         !third.logs().contains("the last process ran"),
         "{}",

@@ -8,6 +8,7 @@ use super::entries::{Entries, Op, Wanted};
 use super::maps::{EntrySpec, Relayed, IN_COUNTERS, IN_VALUE, OUT_COUNTERS, OUT_VALUE};
 use super::routes::{Netlink, RouteCache};
 use super::Offload;
+use crate::io::sys::monotonic_ns;
 use crate::proto::{OffloadChannel, RelayId};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
@@ -58,17 +59,6 @@ pub(crate) struct OffloadTable {
     failure_logged: Option<Instant>,
     /// Where the next pass's counter reads start.
     read_cursor: usize,
-}
-
-/// The CLOCK_MONOTONIC time, nanoseconds (what `bpf_ktime_get_ns` reads).
-pub(crate) fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 impl OffloadTable {

@@ -6,8 +6,8 @@
 //! crash of the process; no `fsync`: a reboot ends the calls anyway.
 
 use super::{private_file, StateCounts};
+use crate::proto::persist::MonotonicEpoch;
 use crate::proto::persist::{encode_entry, encode_header, JournalEntry, JournalHeader};
-use crate::proto::persist::{AllocationRecord, MonotonicEpoch};
 use crate::proto::ratelimit::LogLimiter;
 use crate::proto::Engine;
 use std::fs::File;
@@ -49,6 +49,26 @@ pub(crate) fn path(dir: &Path, index: usize) -> PathBuf {
     dir.join(format!("shard-{index}.journal"))
 }
 
+/// Writes a journal of `header` and `entries` at `path` whole: to a new file that then
+/// replaces the old one, so that a crash meanwhile leaves one or the other. The file, open at
+/// its end, and its length. An entry too large to encode is left out.
+pub(crate) fn write_whole(
+    path: &Path,
+    header: &JournalHeader,
+    entries: impl IntoIterator<Item = JournalEntry>,
+) -> io::Result<(File, u64)> {
+    let mut bytes = Vec::new();
+    encode_header(header, &mut bytes);
+    for entry in entries {
+        let _ = encode_entry(&entry, &mut bytes);
+    }
+    let fresh = path.with_extension("journal.new");
+    let mut file = private_file(&fresh, true)?;
+    file.write_all(&bytes)?;
+    std::fs::rename(&fresh, path)?;
+    Ok((file, bytes.len() as u64))
+}
+
 /// One shard's journal, open for appending.
 pub(crate) struct Journal {
     path: PathBuf,
@@ -76,19 +96,21 @@ impl Journal {
         engine: &mut Engine,
     ) -> io::Result<Journal> {
         while engine.poll_persist(epoch).is_some() {}
-        let mut journal = Journal {
-            path: path(dir, index),
-            file: File::open("/dev/null")?,
-            header: JournalHeader { boot_id },
+        let path = path(dir, index);
+        let header = JournalHeader { boot_id };
+        let records = engine.allocation_records(epoch);
+        let (file, len) = write_whole(&path, &header, records.into_iter().map(JournalEntry::Put))?;
+        Ok(Journal {
+            path,
+            file,
+            header,
             epoch,
-            len: 0,
-            whole: 0,
+            len,
+            whole: len,
             buf: Vec::new(),
             counts,
             log: LogLimiter::default(),
-        };
-        journal.rewrite(&engine.allocation_records(epoch))?;
-        Ok(journal)
+        })
     }
 
     /// Writes what `engine` reports changed since the last call, in one write; rewrites the
@@ -112,28 +134,12 @@ impl Journal {
         self.len += self.buf.len() as u64;
         if self.len > REWRITE_AT && self.len > GROWTH * self.whole {
             let records = engine.allocation_records(self.epoch);
-            if let Err(e) = self.rewrite(&records) {
-                self.failed(now, &e);
+            let entries = records.into_iter().map(JournalEntry::Put);
+            match write_whole(&self.path, &self.header, entries) {
+                Ok((file, len)) => (self.file, self.len, self.whole) = (file, len, len),
+                Err(e) => self.failed(now, &e),
             }
         }
-    }
-
-    /// Replaces the file with one holding `records` alone.
-    fn rewrite(&mut self, records: &[AllocationRecord]) -> io::Result<()> {
-        let mut bytes = Vec::new();
-        encode_header(&self.header, &mut bytes);
-        for record in records {
-            // An entry too large is left out (counted by the caller's next failure).
-            let _ = encode_entry(&JournalEntry::Put(record.clone()), &mut bytes);
-        }
-        let fresh = self.path.with_extension("journal.new");
-        let mut file = private_file(&fresh, true)?;
-        file.write_all(&bytes)?;
-        std::fs::rename(&fresh, &self.path)?;
-        self.file = file;
-        self.len = bytes.len() as u64;
-        self.whole = self.len;
-        Ok(())
     }
 
     fn failed(&mut self, now: Instant, e: &io::Error) {
